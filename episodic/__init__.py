@@ -1,0 +1,70 @@
+"""episodic: a durable, append-only episodic history for AI-agent conversations.
+
+Append every message as it happens; a compaction worker appends summary boundaries; the next
+request loads ``[handoff summary, retained user messages, everything after the boundary]``.
+Nothing in the log is ever rewritten or deleted.
+"""
+
+from episodic.errors import (
+    ConfigurationError,
+    ConflictError,
+    DuplicateToolCallError,
+    EpisodicError,
+    IdempotencyMismatchError,
+    LeaseLostError,
+    MessageTooLargeError,
+    NotFoundError,
+    OrphanToolResultError,
+    TenantDeniedError,
+    ToolPairingError,
+    TransientDatabaseError,
+    ValidationError,
+)
+from episodic.models import (
+    BoundaryEvent,
+    Conversation,
+    ImageBlock,
+    Message,
+    MessageEvent,
+    RunCompletedEvent,
+    StoredEvent,
+    TextBlock,
+    ToolCall,
+    Usage,
+    messages_from_openai,
+)
+from episodic.settings import EpisodicSettings
+from episodic.store import EpisodicStore
+from episodic.tokens import CharHeuristic, TiktokenEstimator, TokenEstimator
+
+__all__ = [
+    "BoundaryEvent",
+    "CharHeuristic",
+    "ConfigurationError",
+    "ConflictError",
+    "Conversation",
+    "DuplicateToolCallError",
+    "EpisodicError",
+    "EpisodicSettings",
+    "EpisodicStore",
+    "IdempotencyMismatchError",
+    "ImageBlock",
+    "LeaseLostError",
+    "Message",
+    "MessageEvent",
+    "MessageTooLargeError",
+    "NotFoundError",
+    "OrphanToolResultError",
+    "RunCompletedEvent",
+    "StoredEvent",
+    "TenantDeniedError",
+    "TextBlock",
+    "TiktokenEstimator",
+    "TokenEstimator",
+    "ToolCall",
+    "ToolPairingError",
+    "TransientDatabaseError",
+    "Usage",
+    "ValidationError",
+    "messages_from_openai",
+]

@@ -1,0 +1,174 @@
+"""Every exception episodic raises.
+
+One root, :class:`EpisodicError`. Each class says when it is raised and carries the fields a
+caller needs to act on it. Database driver errors never reach callers: the store translates
+them in one place (``episodic.store.translate``) and re-raises one of these ``from`` the
+original.
+"""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+
+class EpisodicError(Exception):
+    """Root of every error raised by episodic."""
+
+
+class ValidationError(EpisodicError, ValueError):
+    """Input was refused before anything was written: bad role, malformed content, an empty
+    batch, a message over the size limit, an id that is not a UUID, and so on.
+
+    ``field`` names the offending part of the input when there is one.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class MessageTooLargeError(ValidationError):
+    """A message's encoded payload is larger than the store's ``max_message_bytes``."""
+
+    def __init__(self, *, index: int, size: int, limit: int) -> None:
+        super().__init__(
+            f"message {index} of the batch is {size:,} bytes encoded, over the limit of "
+            f"{limit:,} bytes (EPISODIC_MAX_MESSAGE_BYTES); store large tool output elsewhere "
+            "and append a reference, or raise the limit",
+            field=f"messages[{index}]",
+        )
+        self.index = index
+        self.size = size
+        self.limit = limit
+
+
+class ToolPairingError(ValidationError):
+    """A tool call or tool result would break call/result pairing."""
+
+    def __init__(self, message: str, *, conversation_id: UUID, tool_call_id: str) -> None:
+        super().__init__(message, field="tool_call_id")
+        self.conversation_id = conversation_id
+        self.tool_call_id = tool_call_id
+
+
+class OrphanToolResultError(ToolPairingError):
+    """A tool result answers no tool call that is still waiting for its result in this
+    conversation: the id was never called, was already answered, or was closed as abandoned
+    by ``mark_run_completed`` (then ``abandoned`` is true)."""
+
+    def __init__(self, *, conversation_id: UUID, tool_call_id: str, abandoned: bool) -> None:
+        why = (
+            "was closed as abandoned when its run completed; a late result cannot be added"
+            if abandoned
+            else "matches no open tool call (never called, or already answered)"
+        )
+        super().__init__(
+            f"tool result for call {tool_call_id!r} in conversation {conversation_id} {why}",
+            conversation_id=conversation_id,
+            tool_call_id=tool_call_id,
+        )
+        self.abandoned = abandoned
+
+
+class DuplicateToolCallError(ToolPairingError):
+    """A tool call id is already used by a call that still waits for its result (or twice in
+    one batch), so a result could not tell which call it answers."""
+
+    def __init__(self, *, conversation_id: UUID, tool_call_id: str) -> None:
+        super().__init__(
+            f"tool call id {tool_call_id!r} is already used by a call in conversation "
+            f"{conversation_id} that still waits for its result; tool call ids must be unique "
+            "among open calls",
+            conversation_id=conversation_id,
+            tool_call_id=tool_call_id,
+        )
+
+
+class NotFoundError(EpisodicError, LookupError):
+    """The conversation does not exist (or is not visible to this tenant)."""
+
+    def __init__(self, conversation_id: UUID) -> None:
+        super().__init__(
+            f"conversation {conversation_id} does not exist; create it with "
+            "store.create_conversation() first"
+        )
+        self.conversation_id = conversation_id
+
+
+class ConflictError(EpisodicError):
+    """Lost an optimistic-concurrency race: the conversation moved on since the caller looked.
+
+    Raised by ``append(expected_seq=...)`` when the last seq differs, by ``write_boundary``
+    when a newer boundary exists, and by ``create_conversation`` when the id is taken. Nothing
+    was written; re-read and decide again. The store never retries a conflict itself.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        conversation_id: UUID,
+        expected_seq: int | None = None,
+        actual_seq: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.conversation_id = conversation_id
+        self.expected_seq = expected_seq
+        self.actual_seq = actual_seq
+
+
+class IdempotencyMismatchError(EpisodicError):
+    """An idempotency key (or a client message id) was reused for a different payload.
+
+    Re-sending the exact same batch with the same key returns the first result; this error
+    means the retry is not the same request, which is almost always a client bug.
+    """
+
+    def __init__(self, message: str, *, conversation_id: UUID, key: str) -> None:
+        super().__init__(message)
+        self.conversation_id = conversation_id
+        self.key = key
+
+
+class TenantDeniedError(EpisodicError, PermissionError):
+    """The conversation belongs to another tenant than the one the store is scoped to."""
+
+    def __init__(self, message: str, *, tenant_id: str | None = None) -> None:
+        super().__init__(message)
+        self.tenant_id = tenant_id
+
+
+class LeaseLostError(EpisodicError):
+    """A compaction worker's lease expired or was taken over before it wrote its boundary;
+    the write was refused so a boundary is never written twice."""
+
+    def __init__(self, message: str, *, conversation_id: UUID) -> None:
+        super().__init__(message)
+        self.conversation_id = conversation_id
+
+
+class TransientDatabaseError(EpisodicError):
+    """The database connection dropped or the server refused service for a moment. The
+    outcome of a write may be unknown: retry it with the same idempotency key."""
+
+
+class ConfigurationError(EpisodicError):
+    """The store or an optional component is not set up right: an unsupported database URL,
+    a missing optional dependency, a schema that is not migrated."""
+
+
+__all__ = [
+    "ConfigurationError",
+    "ConflictError",
+    "DuplicateToolCallError",
+    "EpisodicError",
+    "IdempotencyMismatchError",
+    "LeaseLostError",
+    "MessageTooLargeError",
+    "NotFoundError",
+    "OrphanToolResultError",
+    "TenantDeniedError",
+    "ToolPairingError",
+    "TransientDatabaseError",
+    "ValidationError",
+]

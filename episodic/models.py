@@ -1,0 +1,478 @@
+"""The things episodic stores and returns: messages, tool calls, usage and log events.
+
+Frozen pydantic v2 models, no I/O. A :class:`Message` is provider-neutral; it converts
+to and from OpenAI chat-completions dicts without losing what the dict carried (keys this model
+has no field for are kept in ``native`` and given back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Annotated, Any, Literal, Self, TypeAlias
+from uuid import UUID
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+
+from episodic.errors import ValidationError
+
+Role: TypeAlias = Literal["user", "assistant", "tool", "system"]
+ROLES: tuple[Role, ...] = ("user", "assistant", "tool", "system")
+
+#: The ``native.protocol`` under which ``from_openai`` keeps keys it has no field for.
+OPENAI_CHAT_PROTOCOL = "openai.chat"
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class TextBlock(BaseModel):
+    """A run of text inside block content."""
+
+    model_config = _FROZEN
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImageBlock(BaseModel):
+    """An image, by URL (``data:`` URLs included). ``alt`` is what a summarizer sees."""
+
+    model_config = _FROZEN
+    type: Literal["image"] = "image"
+    url: str
+    detail: str | None = None
+    alt: str | None = None
+
+
+class RawBlock(BaseModel):
+    """A provider block episodic has no model for (audio, files...), kept verbatim."""
+
+    model_config = _FROZEN
+    type: Literal["raw"] = "raw"
+    data: dict[str, JsonValue]
+
+
+ContentBlock = Annotated[TextBlock | ImageBlock | RawBlock, Field(discriminator="type")]
+Content: TypeAlias = str | tuple[ContentBlock, ...]
+
+
+class ToolCall(BaseModel):
+    """A call the assistant asked a tool to make.
+
+    ``arguments_json`` keeps the provider's exact argument string when it is not simply the
+    JSON of ``args`` (models do emit invalid JSON); conversions give it back unchanged.
+    """
+
+    model_config = _FROZEN
+    id: Annotated[str, Field(min_length=1, max_length=512)]
+    name: Annotated[str, Field(min_length=1, max_length=512)]
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+    arguments_json: str | None = None
+
+    def arguments_text(self) -> str:
+        """The arguments as the provider's JSON string."""
+        if self.arguments_json is not None:
+            return self.arguments_json
+        return orjson.dumps(self.args).decode()
+
+
+class Usage(BaseModel):
+    """Token usage a provider reported for one model call."""
+
+    model_config = _FROZEN
+    input_tokens: Annotated[int, Field(ge=0)] = 0
+    output_tokens: Annotated[int, Field(ge=0)] = 0
+    cache_read_tokens: Annotated[int, Field(ge=0)] = 0
+    reasoning_tokens: Annotated[int, Field(ge=0)] = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+        )
+
+
+class NativePayload(BaseModel):
+    """The provider's own representation of a message, tagged with its protocol. Opaque or
+    signed reasoning payloads live here and are never rendered for a summarizer."""
+
+    model_config = _FROZEN
+    protocol: Annotated[str, Field(min_length=1)]
+    data: dict[str, JsonValue]
+
+
+class Message(BaseModel):
+    """One conversation message.
+
+    Roles: ``user``, ``assistant`` (text and/or tool calls), ``tool`` (the result of one
+    call, ``tool_call_id`` required) and ``system``. ``reasoning`` is readable private
+    reasoning; ``client_id`` is the caller's own id for the message, unique within a
+    conversation, so a retried append cannot store it twice. ``seq``, ``created_at`` and
+    ``token_estimate`` are set on messages that come back from the store.
+    """
+
+    model_config = _FROZEN
+
+    role: Role
+    content: Content | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: Annotated[str, Field(min_length=1, max_length=512)] | None = None
+    name: str | None = None
+    is_error: bool = False
+    reasoning: str | None = None
+    native: NativePayload | None = None
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    client_id: Annotated[str, Field(min_length=1, max_length=512)] | None = None
+
+    seq: int | None = None
+    created_at: datetime | None = None
+    token_estimate: int | None = None
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> Self:
+        role = self.role
+        if role != "assistant" and self.tool_calls:
+            raise ValueError(f"only assistant messages carry tool_calls, not {role}")
+        if role == "tool":
+            if self.tool_call_id is None:
+                raise ValueError("a tool result needs the tool_call_id of the call it answers")
+            if self.content is None:
+                raise ValueError("a tool result needs content (use '' for an empty result)")
+        elif self.tool_call_id is not None:
+            raise ValueError(f"only tool results carry tool_call_id, not {role}")
+        elif self.is_error:
+            raise ValueError("only tool results can be marked is_error")
+        if role in ("user", "system") and self.content is None:
+            raise ValueError(f"a {role} message needs content")
+        if role == "system" and not isinstance(self.content, str):
+            raise ValueError("a system message's content must be a string")
+        ids = [call.id for call in self.tool_calls]
+        if len(set(ids)) != len(ids):
+            raise ValueError("tool call ids within one assistant message must be unique")
+        return self
+
+    # ---- constructors -------------------------------------------------------------------
+
+    @classmethod
+    def user(cls, content: Content, **fields: Any) -> Message:
+        return cls(role="user", content=content, **fields)
+
+    @classmethod
+    def assistant(
+        cls, content: Content | None = None, *, tool_calls: Iterable[ToolCall] = (), **fields: Any
+    ) -> Message:
+        return cls(role="assistant", content=content, tool_calls=tuple(tool_calls), **fields)
+
+    @classmethod
+    def tool_result(
+        cls,
+        tool_call_id: str,
+        content: Content,
+        *,
+        name: str | None = None,
+        is_error: bool = False,
+        **fields: Any,
+    ) -> Message:
+        return cls(
+            role="tool",
+            tool_call_id=tool_call_id,
+            content=content,
+            name=name,
+            is_error=is_error,
+            **fields,
+        )
+
+    @classmethod
+    def system(cls, content: str, **fields: Any) -> Message:
+        return cls(role="system", content=content, **fields)
+
+    # ---- views --------------------------------------------------------------------------
+
+    @property
+    def text(self) -> str:
+        """The content as plain text: blocks joined by newlines, images as their alt text (or
+        ``[image]``), other blocks as their type in brackets."""
+        content = self.content
+        if content is None:
+            return ""
+        if isinstance(content, str):
+            return content
+        parts: list[str] = []
+        for block in content:
+            if isinstance(block, TextBlock):
+                parts.append(block.text)
+            elif isinstance(block, ImageBlock):
+                parts.append(block.alt or "[image]")
+            else:
+                parts.append(f"[{block.data.get('type', 'attachment')}]")
+        return "\n".join(parts)
+
+    def stored_fields(self) -> dict[str, Any]:
+        """The fields that go into the log, without defaults and without what the store sets."""
+        return self.model_dump(
+            mode="json",
+            exclude_defaults=True,
+            exclude={"seq", "created_at", "token_estimate"},
+        )
+
+    def as_stored(self, *, seq: int, created_at: datetime, token_estimate: int) -> Message:
+        return self.model_copy(
+            update={"seq": seq, "created_at": created_at, "token_estimate": token_estimate}
+        )
+
+    # ---- OpenAI chat-completions --------------------------------------------------------
+
+    def to_openai(self, *, include_reasoning: bool = False) -> dict[str, Any]:
+        """This message as an OpenAI chat-completions message dict.
+
+        Fields chat-completions has no place for (``metadata``, ``client_id``, ``is_error``)
+        are left out; keys kept from ``from_openai`` are given back. ``include_reasoning``
+        sends ``reasoning`` as ``reasoning_content`` (DeepSeek, vLLM); OpenAI refuses it.
+        """
+        out: dict[str, Any] = {"role": self.role}
+        if self.role == "tool":
+            out["tool_call_id"] = self.tool_call_id
+        if self.content is None:
+            out["content"] = None
+        elif isinstance(self.content, str):
+            out["content"] = self.content
+        else:
+            out["content"] = [_block_to_openai(block) for block in self.content]
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments_text()},
+                }
+                for call in self.tool_calls
+            ]
+        if self.name is not None and self.role != "tool":
+            out["name"] = self.name
+        if include_reasoning and self.reasoning is not None:
+            out["reasoning_content"] = self.reasoning
+        if self.native is not None and self.native.protocol == OPENAI_CHAT_PROTOCOL:
+            for key, value in self.native.data.items():
+                out.setdefault(key, value)
+        return out
+
+    @classmethod
+    def from_openai(cls, data: Mapping[str, Any], *, tool_name: str | None = None) -> Message:
+        """Build a message from an OpenAI chat-completions message dict.
+
+        A tool message does not carry its tool's name in chat-completions; pass ``tool_name``
+        or use :func:`messages_from_openai`, which finds it from the matching call.
+        """
+        extra = dict(data)
+        role = extra.pop("role", None)
+        if role == "developer":
+            role = "system"
+        if role not in ROLES:
+            raise ValidationError(
+                f"unknown role {role!r}; expected one of {', '.join(ROLES)}", field="role"
+            )
+        content = extra.pop("content", None)
+        fields: dict[str, Any] = {"role": role}
+        if content is not None:
+            fields["content"] = (
+                content if isinstance(content, str) else _blocks_from_openai(content)
+            )
+        raw_calls = extra.pop("tool_calls", None) or []
+        if raw_calls:
+            fields["tool_calls"] = tuple(_tool_call_from_openai(call) for call in raw_calls)
+        if role == "tool":
+            fields["tool_call_id"] = extra.pop("tool_call_id", None)
+            fields["name"] = tool_name if tool_name is not None else extra.pop("name", None)
+        elif "name" in extra:
+            fields["name"] = extra.pop("name")
+        reasoning = extra.pop("reasoning_content", None)
+        if isinstance(reasoning, str):
+            fields["reasoning"] = reasoning
+        elif reasoning is not None:
+            extra["reasoning_content"] = reasoning
+        if extra:
+            fields["native"] = NativePayload(protocol=OPENAI_CHAT_PROTOCOL, data=extra)
+        try:
+            return cls.model_validate(fields)
+        except ValueError as exc:
+            raise ValidationError(f"not a valid chat-completions message: {exc}") from exc
+
+
+def messages_from_openai(items: Sequence[Mapping[str, Any]]) -> list[Message]:
+    """Convert a chat-completions message list, naming each tool result after its call."""
+    names: dict[str, str] = {}
+    out: list[Message] = []
+    for item in items:
+        call_id = item.get("tool_call_id")
+        name = names.get(call_id) if item.get("role") == "tool" and call_id else None
+        message = Message.from_openai(item, tool_name=name)
+        for call in message.tool_calls:
+            names[call.id] = call.name
+        out.append(message)
+    return out
+
+
+def _block_to_openai(block: TextBlock | ImageBlock | RawBlock) -> dict[str, Any]:
+    if isinstance(block, TextBlock):
+        return {"type": "text", "text": block.text}
+    if isinstance(block, ImageBlock):
+        image: dict[str, Any] = {"url": block.url}
+        if block.detail is not None:
+            image["detail"] = block.detail
+        out: dict[str, Any] = {"type": "image_url", "image_url": image}
+        if block.alt is not None:
+            out["alt"] = block.alt
+        return out
+    return dict(block.data)
+
+
+def _blocks_from_openai(blocks: Any) -> tuple[TextBlock | ImageBlock | RawBlock, ...]:
+    if not isinstance(blocks, list):
+        raise ValidationError("content must be a string, a list of blocks or null", field="content")
+    out: list[TextBlock | ImageBlock | RawBlock] = []
+    for block in blocks:
+        if not isinstance(block, dict):
+            raise ValidationError("each content block must be an object", field="content")
+        kind = block.get("type")
+        image = block.get("image_url")
+        if kind == "text" and set(block) == {"type", "text"} and isinstance(block["text"], str):
+            out.append(TextBlock(text=block["text"]))
+        elif (
+            kind == "image_url"
+            and set(block) <= {"type", "image_url", "alt"}
+            and isinstance(image, dict)
+            and set(image) <= {"url", "detail"}
+            and isinstance(image.get("url"), str)
+        ):
+            out.append(
+                ImageBlock(url=image["url"], detail=image.get("detail"), alt=block.get("alt"))
+            )
+        else:
+            out.append(RawBlock(data=block))
+    return tuple(out)
+
+
+def _tool_call_from_openai(call: Any) -> ToolCall:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(call.get("id"), str):
+        raise ValidationError("a tool call needs an id and a function", field="tool_calls")
+    arguments = function.get("arguments", "")
+    args: dict[str, Any] = {}
+    keep_text: str | None = arguments if isinstance(arguments, str) else None
+    if isinstance(arguments, str):
+        try:
+            parsed = orjson.loads(arguments) if arguments else {}
+        except orjson.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict):
+            args = parsed
+            if orjson.dumps(parsed).decode() == arguments:
+                keep_text = None
+    return ToolCall(
+        id=call["id"], name=function.get("name", ""), args=args, arguments_json=keep_text
+    )
+
+
+# ---- the log ----------------------------------------------------------------------------
+
+EventKind: TypeAlias = Literal["message", "boundary", "run_completed"]
+RetentionMode: TypeAlias = Literal["recent_user_messages", "recent_turns"]
+
+
+class _EventBase(BaseModel):
+    model_config = _FROZEN
+    conversation_id: UUID
+    seq: int
+    created_at: datetime
+    token_estimate: int
+
+
+class MessageEvent(_EventBase):
+    """A message in the log."""
+
+    kind: Literal["message"] = "message"
+    message: Message
+    #: the provider usage passed with the batch this message begins (first message only)
+    usage: Usage | None = None
+
+
+class RunCompletedEvent(_EventBase):
+    """A clean end of an agent run. Tool calls still open then are closed as abandoned: the
+    safe cut ignores them and loading pairs each with a synthetic error result."""
+
+    kind: Literal["run_completed"] = "run_completed"
+    abandoned_tool_call_ids: tuple[str, ...] = ()
+
+
+class BoundaryEvent(_EventBase):
+    """A summary boundary: from here on, the context is the handoff, the retained user
+    messages, and every message after ``covers_through_seq``."""
+
+    kind: Literal["boundary"] = "boundary"
+    summary: str
+    covers_through_seq: int
+    retained: tuple[str, ...] = ()
+    retention: RetentionMode = "recent_user_messages"
+    reason: str
+    pressure: dict[str, JsonValue] = Field(default_factory=dict)
+    usage: Usage | None = None
+    model: str | None = None
+    prompt_version: str | None = None
+    tokens_before: int | None = None
+    tokens_after: int | None = None
+
+
+StoredEvent = Annotated[
+    MessageEvent | RunCompletedEvent | BoundaryEvent, Field(discriminator="kind")
+]
+
+
+class Conversation(BaseModel):
+    """A conversation's head: who owns it and the counters that keep requests O(1)."""
+
+    model_config = _FROZEN
+    conversation_id: UUID
+    tenant_id: str
+    created_at: datetime
+    metadata: dict[str, JsonValue]
+    last_seq: int
+    boundary_seq: int | None
+    covers_through_seq: int
+    total_user_messages: int
+    user_messages_since_boundary: int
+    run_completed_since_boundary: int
+    user_messages_since_run_completed: int
+    context_tokens: int
+    usage_input_tokens: int | None
+    tokens_since_usage: int
+    open_tool_calls: dict[str, int]
+
+
+__all__ = [
+    "OPENAI_CHAT_PROTOCOL",
+    "ROLES",
+    "BoundaryEvent",
+    "Content",
+    "ContentBlock",
+    "Conversation",
+    "EventKind",
+    "ImageBlock",
+    "Message",
+    "MessageEvent",
+    "NativePayload",
+    "RawBlock",
+    "RetentionMode",
+    "Role",
+    "RunCompletedEvent",
+    "StoredEvent",
+    "TextBlock",
+    "ToolCall",
+    "Usage",
+    "messages_from_openai",
+]

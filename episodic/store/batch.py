@@ -1,0 +1,178 @@
+"""Turning an ``append`` call into what the database needs, before any SQL runs.
+
+Everything that can be decided from the batch alone is decided here, once: shape checks,
+in-batch tool pairing, JSON encoding, size limits, token estimates, and the tool-call deltas the
+head applies. What needs the conversation's state (open calls, last seq, idempotency) is
+checked by the backend under the head's row lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from uuid import UUID
+
+import orjson
+
+from episodic.errors import (
+    DuplicateToolCallError,
+    MessageTooLargeError,
+    OrphanToolResultError,
+    ValidationError,
+)
+from episodic.models import Message, Usage
+from episodic.rendering import context_token_estimate
+from episodic.tokens import TokenEstimator
+
+MAX_IDEMPOTENCY_KEY_LENGTH = 512
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedBatch:
+    """A validated, encoded batch of messages."""
+
+    messages: tuple[Message, ...]
+    payloads: list[str]
+    token_estimates: list[int]
+    client_ids: list[str | None]
+    user_messages: int
+    token_sum: int
+    #: every tool call id the batch makes
+    called_ids: list[str]
+    #: calls made in the batch and still open at its end, with their offset in the batch
+    opened_ids: list[str]
+    opened_offsets: list[int]
+    #: results that answer calls made before the batch
+    closed_ids: list[str]
+    #: the key under which the batch is stored (``k:`` explicit key, ``m:`` first client id)
+    idempotency_key: str | None
+    request_hash: str | None
+    usage: Usage | None
+    usage_json: str | None
+
+    @property
+    def usage_input_tokens(self) -> int | None:
+        return self.usage.input_tokens if self.usage is not None else None
+
+
+def encode_json(value: object, *, what: str) -> str:
+    """JSON text for the log. Unpaired surrogates and other unencodable data are refused."""
+    try:
+        return orjson.dumps(value).decode()
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        raise ValidationError(f"{what} cannot be stored as JSON: {exc}", field=what) from exc
+
+
+def prepare_batch(
+    conversation_id: UUID,
+    messages: Sequence[Message],
+    *,
+    estimator: TokenEstimator,
+    max_message_bytes: int,
+    idempotency_key: str | None = None,
+    usage: Usage | None = None,
+) -> PreparedBatch:
+    """Validate and encode a batch; raise a typed error for anything wrong with it alone."""
+    if isinstance(messages, Message) or not isinstance(messages, Sequence):
+        raise ValidationError("append takes a list of Message objects", field="messages")
+    if not messages:
+        raise ValidationError("append needs at least one message; the batch is empty")
+    if usage is not None and not isinstance(usage, Usage):
+        raise ValidationError("usage must be an episodic.Usage", field="usage")
+    if idempotency_key is not None:
+        if not isinstance(idempotency_key, str) or not idempotency_key:
+            raise ValidationError("idempotency_key must be a non-empty string", field="key")
+        if len(idempotency_key) > MAX_IDEMPOTENCY_KEY_LENGTH:
+            raise ValidationError(
+                f"idempotency_key is longer than {MAX_IDEMPOTENCY_KEY_LENGTH} characters",
+                field="idempotency_key",
+            )
+
+    payloads: list[str] = []
+    estimates: list[int] = []
+    client_ids: list[str | None] = []
+    seen_client_ids: set[str] = set()
+    called: list[str] = []
+    opened: dict[str, int] = {}
+    closed: list[str] = []
+    user_messages = 0
+    for index, message in enumerate(messages):
+        if not isinstance(message, Message):
+            raise ValidationError(
+                f"messages[{index}] is a {type(message).__name__}, not an episodic.Message; "
+                "build it with Message.user/assistant/tool_result or Message.from_openai",
+                field=f"messages[{index}]",
+            )
+        if message.seq is not None:
+            raise ValidationError(
+                f"messages[{index}] was already stored (seq {message.seq}); append new messages",
+                field=f"messages[{index}]",
+            )
+        payload = encode_json(message.stored_fields(), what=f"messages[{index}]")
+        size = len(payload.encode("utf-8"))
+        if size > max_message_bytes:
+            raise MessageTooLargeError(index=index, size=size, limit=max_message_bytes)
+        if message.client_id is not None:
+            if message.client_id in seen_client_ids:
+                raise ValidationError(
+                    f"client id {message.client_id!r} appears twice in one batch",
+                    field=f"messages[{index}].client_id",
+                )
+            seen_client_ids.add(message.client_id)
+        for call in message.tool_calls:
+            if call.id in opened or call.id in called:
+                raise DuplicateToolCallError(conversation_id=conversation_id, tool_call_id=call.id)
+            called.append(call.id)
+            opened[call.id] = index
+        if message.role == "tool":
+            call_id = message.tool_call_id
+            assert call_id is not None  # guaranteed by Message's validator
+            if call_id in opened:
+                del opened[call_id]
+            elif call_id in called or call_id in closed:
+                # Answered earlier in this same batch: a second result for one call.
+                raise OrphanToolResultError(
+                    conversation_id=conversation_id, tool_call_id=call_id, abandoned=False
+                )
+            else:
+                closed.append(call_id)
+        elif message.role == "user":
+            user_messages += 1
+        payloads.append(payload)
+        estimates.append(context_token_estimate(message, estimator))
+        client_ids.append(message.client_id)
+
+    key: str | None = None
+    if idempotency_key is not None:
+        key = "k:" + idempotency_key
+    elif messages[0].client_id is not None:
+        key = "m:" + messages[0].client_id
+    request_hash = _request_hash(payloads) if key is not None else None
+    return PreparedBatch(
+        messages=tuple(messages),
+        payloads=payloads,
+        token_estimates=estimates,
+        client_ids=client_ids,
+        user_messages=user_messages,
+        token_sum=sum(estimates),
+        called_ids=called,
+        opened_ids=list(opened),
+        opened_offsets=list(opened.values()),
+        closed_ids=closed,
+        idempotency_key=key,
+        request_hash=request_hash,
+        usage=usage,
+        usage_json=encode_json(usage.model_dump(), what="usage") if usage is not None else None,
+    )
+
+
+def _request_hash(payloads: list[str]) -> str:
+    digest = hashlib.sha256()
+    for payload in payloads:
+        digest.update(len(payload).to_bytes(8, "big"))
+        digest.update(payload.encode("utf-8"))
+    return digest.hexdigest()
+
+
+__all__ = ["PreparedBatch", "encode_json", "prepare_batch"]

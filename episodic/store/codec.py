@@ -1,0 +1,100 @@
+"""Rows to models. Rows become models only here, inside the store."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+import orjson
+
+from episodic.models import (
+    BoundaryEvent,
+    Conversation,
+    Message,
+    MessageEvent,
+    RunCompletedEvent,
+    StoredEvent,
+    Usage,
+)
+
+
+def utc(value: datetime) -> datetime:
+    """SQLite hands back naive timestamps; everything episodic stores is UTC."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def json_value(value: Any) -> Any:
+    """A JSON column as Python: drivers return either decoded values or text."""
+    if isinstance(value, str | bytes):
+        return orjson.loads(value)
+    return value
+
+
+def decode_event(
+    conversation_id: UUID,
+    *,
+    seq: int,
+    kind: str,
+    created_at: datetime,
+    token_estimate: int,
+    payload: str,
+    usage: str | None,
+) -> StoredEvent:
+    """One ``episodic_events`` row as a stored event model."""
+    body = orjson.loads(payload)
+    created = utc(created_at)
+    if kind == "message":
+        message = Message.model_validate(body).as_stored(
+            seq=seq, created_at=created, token_estimate=token_estimate
+        )
+        return MessageEvent(
+            conversation_id=conversation_id,
+            seq=seq,
+            created_at=created,
+            token_estimate=token_estimate,
+            message=message,
+            usage=Usage.model_validate_json(usage) if usage is not None else None,
+        )
+    if kind == "run_completed":
+        return RunCompletedEvent(
+            conversation_id=conversation_id,
+            seq=seq,
+            created_at=created,
+            token_estimate=token_estimate,
+            abandoned_tool_call_ids=tuple(body.get("abandoned_tool_call_ids", ())),
+        )
+    return BoundaryEvent.model_validate(
+        {
+            **body,
+            "conversation_id": conversation_id,
+            "seq": seq,
+            "created_at": created,
+            "token_estimate": token_estimate,
+        }
+    )
+
+
+def decode_conversation(row: Mapping[str, Any]) -> Conversation:
+    """One ``episodic_conversations`` row as a model."""
+    return Conversation(
+        conversation_id=row["conversation_id"],
+        tenant_id=row["tenant_id"],
+        created_at=utc(row["created_at"]),
+        metadata=json_value(row["metadata"]),
+        last_seq=row["last_seq"],
+        boundary_seq=row["boundary_seq"],
+        covers_through_seq=row["covers_through_seq"],
+        total_user_messages=row["total_user_messages"],
+        user_messages_since_boundary=row["user_messages_since_boundary"],
+        run_completed_since_boundary=row["run_completed_since_boundary"],
+        user_messages_since_run_completed=row["user_messages_since_run_completed"],
+        context_tokens=row["context_tokens"],
+        usage_input_tokens=row["usage_input_tokens"],
+        tokens_since_usage=row["tokens_since_usage"],
+        open_tool_calls=json_value(row["open_tool_calls"]),
+    )
+
+
+__all__ = ["decode_conversation", "decode_event", "json_value", "utc"]

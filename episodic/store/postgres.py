@@ -1,0 +1,179 @@
+"""The PostgreSQL backend: asyncpg directly on the request path.
+
+Appends and run completions are one call to a PL/pgSQL function (created by the migrations),
+so each is one round trip with no explicit BEGIN/COMMIT; asyncpg prepares each statement once
+per connection and reuses it. SQLAlchemy is used only to run the migrations.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import orjson
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
+
+from episodic.models import Conversation, StoredEvent
+from episodic.store.backend import WriteOutcome
+from episodic.store.batch import PreparedBatch
+from episodic.store.codec import decode_conversation, decode_event
+from episodic.store.engine import DatabaseUrl
+from episodic.store.migrate import upgrade_to_head
+from episodic.store.translate import translated_errors
+
+APPEND = """
+SELECT o_outcome, o_seq, o_created_at, o_detail
+  FROM episodic_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+"""
+
+MARK_RUN_COMPLETED = """
+SELECT o_outcome, o_seq, o_created_at, o_detail FROM episodic_mark_run_completed($1, $2)
+"""
+
+CREATE_CONVERSATION = """
+INSERT INTO episodic_conversations (conversation_id, tenant_id, created_at, metadata,
+                                    open_tool_calls)
+VALUES ($1, $2, $3, $4, '{}'::jsonb)
+ON CONFLICT (conversation_id) DO NOTHING
+"""
+
+READ_EVENTS = """
+SELECT seq, kind, created_at, token_estimate, payload, usage
+  FROM episodic_events
+ WHERE conversation_id = $1 AND seq > $2
+ ORDER BY seq
+ LIMIT $3
+"""
+
+GET_CONVERSATION = """
+SELECT * FROM episodic_conversations WHERE conversation_id = $1
+"""
+
+
+async def _init_connection(connection: asyncpg.Connection) -> None:
+    for name in ("json", "jsonb"):
+        await connection.set_type_codec(
+            name,
+            encoder=lambda value: orjson.dumps(value).decode(),
+            decoder=orjson.loads,
+            schema="pg_catalog",
+        )
+
+
+async def _keep_session(connection: asyncpg.Connection) -> None:
+    """Pool reset that sends nothing. asyncpg's default sends RESET ALL and friends on every
+    release, a round trip per request; episodic leaves no session state behind (settings are
+    transaction-local, advisory locks transaction-scoped, LISTEN on dedicated connections)."""
+
+
+class PostgresBackend:
+    dialect = "postgresql"
+
+    def __init__(self, url: DatabaseUrl, pool: asyncpg.Pool) -> None:
+        self._url = url
+        self._pool = pool
+
+    @classmethod
+    async def connect(
+        cls, url: DatabaseUrl, *, min_size: int = 1, max_size: int = 10
+    ) -> PostgresBackend:
+        with translated_errors():
+            pool = await asyncpg.create_pool(
+                url.asyncpg,
+                min_size=min_size,
+                max_size=max_size,
+                init=_init_connection,
+                reset=_keep_session,
+            )
+        return cls(url, pool)
+
+    async def migrate(self) -> None:
+        engine = create_async_engine(self._url.sqlalchemy, poolclass=NullPool)
+        try:
+            with translated_errors():
+                await upgrade_to_head(engine)
+        finally:
+            await engine.dispose()
+
+    async def create_conversation(
+        self, conversation_id: UUID, tenant_id: str, metadata: dict[str, Any], created_at: datetime
+    ) -> bool:
+        with translated_errors():
+            status = await self._pool.execute(
+                CREATE_CONVERSATION, conversation_id, tenant_id, created_at, metadata
+            )
+        return bool(status == "INSERT 0 1")
+
+    async def append(
+        self, conversation_id: UUID, batch: PreparedBatch, expected_seq: int | None
+    ) -> WriteOutcome:
+        with translated_errors():
+            row = await self._pool.fetchrow(
+                APPEND,
+                conversation_id,
+                expected_seq,
+                batch.idempotency_key,
+                batch.request_hash,
+                batch.payloads,
+                batch.token_estimates,
+                batch.client_ids,
+                batch.usage_json,
+                batch.usage_input_tokens,
+                batch.user_messages,
+                batch.token_sum,
+                batch.called_ids,
+                batch.opened_ids,
+                batch.opened_offsets,
+                batch.closed_ids,
+            )
+        return _outcome(row)
+
+    async def mark_run_completed(
+        self, conversation_id: UUID, tokens_per_abandoned: int
+    ) -> WriteOutcome:
+        with translated_errors():
+            row = await self._pool.fetchrow(
+                MARK_RUN_COMPLETED, conversation_id, tokens_per_abandoned
+            )
+        return _outcome(row)
+
+    async def read_events(
+        self, conversation_id: UUID, after_seq: int, limit: int
+    ) -> list[StoredEvent]:
+        with translated_errors():
+            rows = await self._pool.fetch(READ_EVENTS, conversation_id, after_seq, limit)
+        return [
+            decode_event(
+                conversation_id,
+                seq=row["seq"],
+                kind=row["kind"],
+                created_at=row["created_at"],
+                token_estimate=row["token_estimate"],
+                payload=row["payload"],
+                usage=row["usage"],
+            )
+            for row in rows
+        ]
+
+    async def get_conversation(self, conversation_id: UUID) -> Conversation | None:
+        with translated_errors():
+            row = await self._pool.fetchrow(GET_CONVERSATION, conversation_id)
+        return decode_conversation(row) if row is not None else None
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+
+def _outcome(row: Any) -> WriteOutcome:
+    return WriteOutcome(
+        outcome=row["o_outcome"],
+        seq=row["o_seq"],
+        created_at=row["o_created_at"],
+        detail=row["o_detail"],
+    )
+
+
+__all__ = ["PostgresBackend"]

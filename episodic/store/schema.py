@@ -1,0 +1,146 @@
+"""The tables, described once in SQLAlchemy Core.
+
+Alembic revisions in ``migrations/`` create them; ``alembic check`` (run by the tests) proves
+the revisions and this description agree. Every primary and unique key starts with
+``conversation_id`` so the log can be partitioned or distributed by conversation.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    Uuid,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.sql.elements import TextClause
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+#: jsonb on PostgreSQL, JSON text on SQLite.
+JsonDocument = JSON().with_variant(JSONB(), "postgresql")
+Timestamp = DateTime(timezone=True)
+EVENT_KINDS = ("message", "boundary", "run_completed")
+
+
+def _zero() -> TextClause:
+    return text("0")
+
+
+conversations = Table(
+    "episodic_conversations",
+    metadata,
+    Column("conversation_id", Uuid(), primary_key=True),
+    Column("tenant_id", Text(), nullable=False),
+    Column("created_at", Timestamp, nullable=False),
+    Column("metadata", JsonDocument, nullable=False),
+    # The counters below are a projection of the log (see store/projection.py); they are what
+    # keeps append, load_context and pressure O(1) in the length of the history.
+    Column("last_seq", BigInteger(), nullable=False, server_default=_zero()),
+    Column("boundary_seq", BigInteger(), nullable=True),
+    Column("covers_through_seq", BigInteger(), nullable=False, server_default=_zero()),
+    Column("total_user_messages", BigInteger(), nullable=False, server_default=_zero()),
+    Column("user_messages_since_boundary", BigInteger(), nullable=False, server_default=_zero()),
+    Column("run_completed_since_boundary", BigInteger(), nullable=False, server_default=_zero()),
+    Column(
+        "user_messages_since_run_completed", BigInteger(), nullable=False, server_default=_zero()
+    ),
+    Column("context_tokens", BigInteger(), nullable=False, server_default=_zero()),
+    Column("usage_input_tokens", BigInteger(), nullable=True),
+    Column("tokens_since_usage", BigInteger(), nullable=False, server_default=_zero()),
+    # {tool_call_id: seq of the assistant message that made the call}, for calls still
+    # waiting for their result. The smallest seq bounds the safe cut.
+    Column("open_tool_calls", JsonDocument, nullable=False),
+    # Compaction state, written by the worker.
+    Column("due_since", Timestamp, nullable=True),
+    Column("due_reason", Text(), nullable=True),
+    Column("lease_owner", Text(), nullable=True),
+    Column("lease_token", Uuid(), nullable=True),
+    Column("lease_expires_at", Timestamp, nullable=True),
+    Column("compaction_attempts", Integer(), nullable=False, server_default=_zero()),
+    Column("next_attempt_at", Timestamp, nullable=True),
+    Column("last_error", Text(), nullable=True),
+    Column("dead_since", Timestamp, nullable=True),
+)
+
+events = Table(
+    "episodic_events",
+    metadata,
+    # No foreign key to the head: every insert already holds the head row's lock, and a
+    # per-row RI check would cost a lookup per event on the hot path.
+    Column("conversation_id", Uuid(), primary_key=True),
+    Column("seq", BigInteger(), primary_key=True),
+    Column("tenant_id", Text(), nullable=False),
+    Column("kind", Text(), nullable=False),
+    Column("created_at", Timestamp, nullable=False),
+    Column("token_estimate", Integer(), nullable=False),
+    # The event body as JSON text, encoded once at append and decoded by the client. Text,
+    # not jsonb: the database never looks inside on the request path, and jsonb would be
+    # parsed on every insert and re-serialized on every load (and refuses \u0000).
+    Column("payload", Text(), nullable=False),
+    Column("client_id", Text(), nullable=True),
+    # Provider-reported usage passed with the batch (JSON text, on its first event): the
+    # pressure signal starts from its input_tokens, and rebuilding the head needs it.
+    Column("usage", Text(), nullable=True),
+    # Set on the first event of a batch appended with an idempotency key (or whose first
+    # message has a client id); request_hash tells a true retry from a reused key.
+    Column("idempotency_key", Text(), nullable=True),
+    Column("request_hash", Text(), nullable=True),
+    Column("batch_size", Integer(), nullable=True),
+    CheckConstraint(
+        "kind IN ('message', 'boundary', 'run_completed')",
+        name="kind",
+    ),
+    CheckConstraint("seq > 0", name="seq_positive"),
+    UniqueConstraint("conversation_id", "idempotency_key"),
+    UniqueConstraint("conversation_id", "client_id"),
+)
+
+compaction_attempts = Table(
+    "episodic_compaction_attempts",
+    metadata,
+    Column("conversation_id", Uuid(), primary_key=True),
+    Column("attempt_id", Uuid(), primary_key=True),
+    Column("tenant_id", Text(), nullable=False),
+    Column("worker", Text(), nullable=False),
+    Column("reason", Text(), nullable=False),
+    Column("outcome", Text(), nullable=False),
+    Column("error", Text(), nullable=True),
+    Column("started_at", Timestamp, nullable=False),
+    Column("finished_at", Timestamp, nullable=False),
+    Column("usage", JsonDocument, nullable=True),
+    Column("model", Text(), nullable=True),
+    Column("tokens_before", BigInteger(), nullable=True),
+    Column("tokens_after", BigInteger(), nullable=True),
+    Column("boundary_seq", BigInteger(), nullable=True),
+)
+
+#: Tables whose rows are never updated or deleted (database triggers refuse it).
+APPEND_ONLY_TABLES = (events.name, compaction_attempts.name)
+
+__all__ = [
+    "APPEND_ONLY_TABLES",
+    "EVENT_KINDS",
+    "NAMING_CONVENTION",
+    "compaction_attempts",
+    "conversations",
+    "events",
+    "metadata",
+]

@@ -1,0 +1,304 @@
+"""The SQLite backend: the embedded default, for the demo and single-process use.
+
+Writes run in ``BEGIN IMMEDIATE`` transactions, which SQLite serializes per database file, so
+the same guarantees hold as on PostgreSQL (gapless seqs, batches that never interleave). The
+head is advanced with the projection's own fold (store/projection.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import event, insert, select, update
+from sqlalchemy.engine import Connection as SyncConnection
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import StaticPool
+
+from episodic.models import Conversation, StoredEvent
+from episodic.store.backend import WriteOutcome
+from episodic.store.batch import PreparedBatch, encode_json
+from episodic.store.codec import decode_conversation, decode_event, json_value
+from episodic.store.engine import DatabaseUrl
+from episodic.store.migrate import upgrade_to_head
+from episodic.store.projection import HeadCounters
+from episodic.store.schema import conversations, events
+from episodic.store.translate import translated_errors
+
+_WRITE = "episodic_write"
+
+
+def _configure(engine: AsyncEngine) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control away from the sqlite3 module so BEGIN is ours to send.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(connection: SyncConnection) -> None:
+        # Writers take the write lock up front; a deferred BEGIN that upgrades later can
+        # fail with SQLITE_BUSY instead of waiting for the lock.
+        immediate = connection.get_execution_options().get(_WRITE, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+class SqliteBackend:
+    dialect = "sqlite"
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._writer = engine.execution_options(**{_WRITE: True})
+
+    @classmethod
+    async def connect(cls, url: DatabaseUrl) -> SqliteBackend:
+        in_memory = url.sqlalchemy.rstrip("/").endswith(("sqlite+aiosqlite:", ":memory:"))
+        options: dict[str, Any] = {"connect_args": {"timeout": 30}}
+        if in_memory:
+            # Every connection to :memory: is a new empty database; share one.
+            options["poolclass"] = StaticPool
+        engine = create_async_engine(url.sqlalchemy, **options)
+        _configure(engine)
+        return cls(engine)
+
+    async def migrate(self) -> None:
+        with translated_errors():
+            await upgrade_to_head(self._writer)
+
+    async def create_conversation(
+        self, conversation_id: UUID, tenant_id: str, metadata: dict[str, Any], created_at: datetime
+    ) -> bool:
+        with translated_errors():
+            try:
+                async with self._writer.begin() as conn:
+                    await conn.execute(
+                        insert(conversations).values(
+                            conversation_id=conversation_id,
+                            tenant_id=tenant_id,
+                            created_at=created_at,
+                            metadata=metadata,
+                            open_tool_calls={},
+                        )
+                    )
+            except IntegrityError:
+                return False
+        return True
+
+    async def append(
+        self, conversation_id: UUID, batch: PreparedBatch, expected_seq: int | None
+    ) -> WriteOutcome:
+        # The same checks, in the same order, as the PostgreSQL function episodic_append.
+        with translated_errors():
+            async with self._writer.begin() as conn:
+                head = await _head(conn, conversation_id)
+                if head is None:
+                    return WriteOutcome("not_found")
+                if batch.idempotency_key is not None:
+                    prior = (
+                        await conn.execute(
+                            select(events.c.seq, events.c.created_at, events.c.request_hash).where(
+                                events.c.conversation_id == conversation_id,
+                                events.c.idempotency_key == batch.idempotency_key,
+                            )
+                        )
+                    ).first()
+                    if prior is not None:
+                        same = prior.request_hash == batch.request_hash
+                        return WriteOutcome(
+                            "replayed" if same else "idempotency_mismatch",
+                            seq=prior.seq,
+                            created_at=prior.created_at,
+                        )
+                last_seq = int(head["last_seq"])
+                if expected_seq is not None and last_seq != expected_seq:
+                    return WriteOutcome("conflict", seq=last_seq)
+                client_ids = [cid for cid in batch.client_ids if cid is not None]
+                if client_ids:
+                    reused = await conn.scalar(
+                        select(events.c.client_id)
+                        .where(
+                            events.c.conversation_id == conversation_id,
+                            events.c.client_id.in_(client_ids),
+                        )
+                        .limit(1)
+                    )
+                    if reused is not None:
+                        return WriteOutcome("client_id_reused", detail=reused)
+                counters = _counters(head)
+                open_calls = counters.open_tool_calls
+                duplicate = next((i for i in batch.called_ids if i in open_calls), None)
+                if duplicate is not None:
+                    return WriteOutcome("duplicate_tool_call", detail=duplicate)
+                orphan = next((i for i in batch.closed_ids if i not in open_calls), None)
+                if orphan is not None:
+                    abandoned = await _was_abandoned(conn, conversation_id, orphan)
+                    return WriteOutcome(
+                        "orphan_abandoned" if abandoned else "orphan", detail=orphan
+                    )
+
+                now = datetime.now(UTC)
+                rows: list[dict[str, Any]] = []
+                for index, message in enumerate(batch.messages):
+                    seq = last_seq + 1 + index
+                    first = index == 0
+                    counters = counters.after_message(
+                        message,
+                        seq=seq,
+                        token_estimate=batch.token_estimates[index],
+                        usage=batch.usage if first else None,
+                    )
+                    rows.append(
+                        {
+                            "conversation_id": conversation_id,
+                            "seq": seq,
+                            "tenant_id": head["tenant_id"],
+                            "kind": "message",
+                            "created_at": now,
+                            "token_estimate": batch.token_estimates[index],
+                            "payload": batch.payloads[index],
+                            "client_id": batch.client_ids[index],
+                            "usage": batch.usage_json if first else None,
+                            "idempotency_key": batch.idempotency_key if first else None,
+                            "request_hash": batch.request_hash if first else None,
+                            "batch_size": len(batch.messages) if first else None,
+                        }
+                    )
+                await conn.execute(insert(events), rows)
+                await _save_counters(conn, conversation_id, counters)
+                return WriteOutcome("appended", seq=last_seq + 1, created_at=now)
+
+    async def mark_run_completed(
+        self, conversation_id: UUID, tokens_per_abandoned: int
+    ) -> WriteOutcome:
+        with translated_errors():
+            async with self._writer.begin() as conn:
+                head = await _head(conn, conversation_id)
+                if head is None:
+                    return WriteOutcome("not_found")
+                counters = _counters(head)
+                abandoned = counters.abandoned_ids()
+                seq = counters.last_seq + 1
+                tokens = tokens_per_abandoned * len(abandoned)
+                now = datetime.now(UTC)
+                await conn.execute(
+                    insert(events).values(
+                        conversation_id=conversation_id,
+                        seq=seq,
+                        tenant_id=head["tenant_id"],
+                        kind="run_completed",
+                        created_at=now,
+                        token_estimate=tokens,
+                        payload=encode_json(
+                            {"abandoned_tool_call_ids": abandoned}, what="run_completed"
+                        ),
+                    )
+                )
+                counters = counters.after_run_completed(seq=seq, token_estimate=tokens)
+                await _save_counters(conn, conversation_id, counters)
+                return WriteOutcome("appended", seq=seq, created_at=now)
+
+    async def read_events(
+        self, conversation_id: UUID, after_seq: int, limit: int
+    ) -> list[StoredEvent]:
+        query = (
+            select(
+                events.c.seq,
+                events.c.kind,
+                events.c.created_at,
+                events.c.token_estimate,
+                events.c.payload,
+                events.c.usage,
+            )
+            .where(events.c.conversation_id == conversation_id, events.c.seq > after_seq)
+            .order_by(events.c.seq)
+            .limit(limit)
+        )
+        with translated_errors():
+            async with self._engine.connect() as conn:
+                rows = (await conn.execute(query)).all()
+        return [
+            decode_event(
+                conversation_id,
+                seq=row.seq,
+                kind=row.kind,
+                created_at=row.created_at,
+                token_estimate=row.token_estimate,
+                payload=row.payload,
+                usage=row.usage,
+            )
+            for row in rows
+        ]
+
+    async def get_conversation(self, conversation_id: UUID) -> Conversation | None:
+        with translated_errors():
+            async with self._engine.connect() as conn:
+                head = await _head(conn, conversation_id)
+        return decode_conversation(head) if head is not None else None
+
+    async def close(self) -> None:
+        await self._engine.dispose()
+
+
+async def _head(conn: AsyncConnection, conversation_id: UUID) -> Mapping[str, Any] | None:
+    result = await conn.execute(
+        select(conversations).where(conversations.c.conversation_id == conversation_id)
+    )
+    row = result.mappings().first()
+    return dict(row) if row is not None else None
+
+
+def _counters(head: Mapping[str, Any]) -> HeadCounters:
+    return HeadCounters(
+        last_seq=head["last_seq"],
+        boundary_seq=head["boundary_seq"],
+        covers_through_seq=head["covers_through_seq"],
+        total_user_messages=head["total_user_messages"],
+        user_messages_since_boundary=head["user_messages_since_boundary"],
+        run_completed_since_boundary=head["run_completed_since_boundary"],
+        user_messages_since_run_completed=head["user_messages_since_run_completed"],
+        context_tokens=head["context_tokens"],
+        usage_input_tokens=head["usage_input_tokens"],
+        tokens_since_usage=head["tokens_since_usage"],
+        open_tool_calls=json_value(head["open_tool_calls"]),
+    )
+
+
+async def _save_counters(
+    conn: AsyncConnection, conversation_id: UUID, counters: HeadCounters
+) -> None:
+    await conn.execute(
+        update(conversations)
+        .where(conversations.c.conversation_id == conversation_id)
+        .values(
+            last_seq=counters.last_seq,
+            boundary_seq=counters.boundary_seq,
+            covers_through_seq=counters.covers_through_seq,
+            total_user_messages=counters.total_user_messages,
+            user_messages_since_boundary=counters.user_messages_since_boundary,
+            run_completed_since_boundary=counters.run_completed_since_boundary,
+            user_messages_since_run_completed=counters.user_messages_since_run_completed,
+            context_tokens=counters.context_tokens,
+            usage_input_tokens=counters.usage_input_tokens,
+            tokens_since_usage=counters.tokens_since_usage,
+            open_tool_calls=dict(counters.open_tool_calls),
+        )
+    )
+
+
+async def _was_abandoned(conn: AsyncConnection, conversation_id: UUID, call_id: str) -> bool:
+    payloads = await conn.scalars(
+        select(events.c.payload).where(
+            events.c.conversation_id == conversation_id, events.c.kind == "run_completed"
+        )
+    )
+    return any(call_id in json_value(p).get("abandoned_tool_call_ids", ()) for p in payloads)
+
+
+__all__ = ["SqliteBackend"]

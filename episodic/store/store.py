@@ -1,0 +1,315 @@
+"""``EpisodicStore``: the public face of the log."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Self
+from uuid import UUID, uuid4
+
+import orjson
+from pydantic import JsonValue
+
+from episodic.errors import (
+    ConflictError,
+    DuplicateToolCallError,
+    IdempotencyMismatchError,
+    NotFoundError,
+    OrphanToolResultError,
+    ValidationError,
+)
+from episodic.models import (
+    Conversation,
+    Message,
+    MessageEvent,
+    RunCompletedEvent,
+    StoredEvent,
+    Usage,
+)
+from episodic.settings import EpisodicSettings
+from episodic.store.backend import Backend, WriteOutcome
+from episodic.store.batch import PreparedBatch, encode_json, prepare_batch
+from episodic.store.engine import parse_database_url
+from episodic.store.postgres import PostgresBackend
+from episodic.store.projection import abandoned_result_tokens
+from episodic.store.sqlite import SqliteBackend
+from episodic.tokens import TokenEstimator, estimator_from_name
+
+DEFAULT_TENANT = "default"
+MAX_SEQ = 2**63 - 1
+MAX_READ_LIMIT = 10_000
+MAX_TENANT_ID_LENGTH = 256
+
+
+class EpisodicStore:
+    """An append-only log of agent conversations. Open one per process with
+    :meth:`open` and share it between tasks; it holds a connection pool."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        estimator: TokenEstimator,
+        max_message_bytes: int,
+    ) -> None:
+        self._backend = backend
+        self.estimator = estimator
+        self.max_message_bytes = max_message_bytes
+        self._abandoned_tokens = abandoned_result_tokens(estimator)
+
+    @classmethod
+    async def open(
+        cls,
+        url: str | None = None,
+        *,
+        settings: EpisodicSettings | None = None,
+        estimator: TokenEstimator | None = None,
+        max_message_bytes: int | None = None,
+    ) -> EpisodicStore:
+        """Connect to ``url`` (default: ``EPISODIC_DATABASE_URL``, else ``./episodic.db``).
+        Does not create tables: call :meth:`migrate` (or run ``episodic migrate``)."""
+        settings = settings or EpisodicSettings()
+        parsed = parse_database_url(url or settings.database_url)
+        backend: Backend
+        if parsed.dialect == "postgresql":
+            backend = await PostgresBackend.connect(
+                parsed, min_size=settings.pool_min_size, max_size=settings.pool_max_size
+            )
+        else:
+            backend = await SqliteBackend.connect(parsed)
+        return cls(
+            backend,
+            estimator=estimator or estimator_from_name(settings.token_estimator),
+            max_message_bytes=max_message_bytes or settings.max_message_bytes,
+        )
+
+    @property
+    def dialect(self) -> str:
+        """``"postgresql"`` or ``"sqlite"``."""
+        return self._backend.dialect
+
+    async def migrate(self) -> None:
+        """Create or upgrade the schema (``alembic upgrade head``). Safe to call from many
+        processes at once."""
+        await self._backend.migrate()
+
+    async def close(self) -> None:
+        await self._backend.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # ---- conversations ------------------------------------------------------------------
+
+    async def create_conversation(
+        self,
+        *,
+        tenant_id: str = DEFAULT_TENANT,
+        metadata: Mapping[str, JsonValue] | None = None,
+        conversation_id: UUID | str | None = None,
+    ) -> UUID:
+        """Start a conversation and return its id (a new UUID unless you pass one)."""
+        _check_tenant(tenant_id)
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise ValidationError("metadata must be a mapping", field="metadata")
+        meta = dict(metadata or {})
+        encoded = encode_json(meta, what="metadata")
+        if len(encoded) > self.max_message_bytes:
+            raise ValidationError(
+                f"metadata is {len(encoded):,} bytes encoded, over {self.max_message_bytes:,}",
+                field="metadata",
+            )
+        cid = uuid4() if conversation_id is None else parse_conversation_id(conversation_id)
+        created = await self._backend.create_conversation(
+            cid, tenant_id, orjson.loads(encoded), datetime.now(UTC)
+        )
+        if not created:
+            raise ConflictError(f"conversation {cid} already exists", conversation_id=cid)
+        return cid
+
+    async def get_conversation(self, conversation_id: UUID | str) -> Conversation:
+        """The conversation's head: tenant, metadata and counters."""
+        cid = parse_conversation_id(conversation_id)
+        head = await self._backend.get_conversation(cid)
+        if head is None:
+            raise NotFoundError(cid)
+        return head
+
+    # ---- the log ------------------------------------------------------------------------
+
+    async def append(
+        self,
+        conversation_id: UUID | str,
+        messages: Sequence[Message],
+        *,
+        idempotency_key: str | None = None,
+        expected_seq: int | None = None,
+        usage: Usage | None = None,
+    ) -> list[MessageEvent]:
+        """Append a batch atomically and return the stored events, with their seqs.
+
+        ``idempotency_key``: re-sending the same key with the same batch returns the first
+        result and writes nothing (a batch whose first message has a ``client_id`` is keyed by
+        it when no key is given). ``expected_seq``: refuse with :class:`ConflictError` unless
+        the conversation's last seq is this. ``usage``: the provider-reported usage of the
+        model call that produced these messages. One round trip on PostgreSQL.
+        """
+        cid = parse_conversation_id(conversation_id)
+        if expected_seq is not None:
+            _check_seq(expected_seq, "expected_seq")
+        batch = prepare_batch(
+            cid,
+            messages,
+            estimator=self.estimator,
+            max_message_bytes=self.max_message_bytes,
+            idempotency_key=idempotency_key,
+            usage=usage,
+        )
+        result = await self._backend.append(cid, batch, expected_seq)
+        _raise_for_refusal(cid, result, expected_seq=expected_seq, key=idempotency_key)
+        assert result.seq is not None
+        assert result.created_at is not None
+        return _stored_batch(cid, batch, result.seq, result.created_at)
+
+    async def mark_run_completed(self, conversation_id: UUID | str) -> RunCompletedEvent:
+        """Record that an agent run ended cleanly. Tool calls still waiting for a result are
+        closed as abandoned: compaction can cut past them, loading pairs each with a
+        synthetic error result, and a late result for one is refused."""
+        cid = parse_conversation_id(conversation_id)
+        result = await self._backend.mark_run_completed(cid, self._abandoned_tokens)
+        _raise_for_refusal(cid, result, expected_seq=None, key=None)
+        assert result.seq is not None
+        assert result.created_at is not None
+        abandoned = tuple(orjson.loads(result.detail)) if result.detail else ()
+        return RunCompletedEvent(
+            conversation_id=cid,
+            seq=result.seq,
+            created_at=_aware(result.created_at),
+            token_estimate=self._abandoned_tokens * len(abandoned),
+            abandoned_tool_call_ids=abandoned,
+        )
+
+    async def read_events(
+        self, conversation_id: UUID | str, after_seq: int = 0, limit: int = 1_000
+    ) -> list[StoredEvent]:
+        """Events with seq > ``after_seq``, oldest first, at most ``limit`` (for audits and
+        exports; the request path uses ``load_context``)."""
+        cid = parse_conversation_id(conversation_id)
+        _check_seq(after_seq, "after_seq")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_READ_LIMIT:
+            raise ValidationError(f"limit must be between 1 and {MAX_READ_LIMIT}", field="limit")
+        found = await self._backend.read_events(cid, after_seq, limit)
+        if not found and await self._backend.get_conversation(cid) is None:
+            raise NotFoundError(cid)
+        return found
+
+
+def parse_conversation_id(value: UUID | str) -> UUID:
+    """A conversation id as a UUID; anything else is a :class:`ValidationError`."""
+    if isinstance(value, UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return UUID(value)
+        except ValueError:
+            pass
+    raise ValidationError(
+        f"conversation id must be a UUID, got {value!r:.80}", field="conversation_id"
+    )
+
+
+def _check_seq(value: Any, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQ:
+        raise ValidationError(f"{name} must be an integer from 0 to 2**63-1", field=name)
+
+
+def _check_tenant(tenant_id: Any) -> None:
+    if (
+        not isinstance(tenant_id, str)
+        or not tenant_id
+        or len(tenant_id) > MAX_TENANT_ID_LENGTH
+        or "\x00" in tenant_id
+    ):
+        raise ValidationError(
+            f"tenant_id must be a non-empty string of at most {MAX_TENANT_ID_LENGTH} characters",
+            field="tenant_id",
+        )
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _stored_batch(
+    cid: UUID, batch: PreparedBatch, first_seq: int, created_at: datetime
+) -> list[MessageEvent]:
+    created = _aware(created_at)
+    return [
+        MessageEvent(
+            conversation_id=cid,
+            seq=first_seq + index,
+            created_at=created,
+            token_estimate=tokens,
+            message=message.as_stored(
+                seq=first_seq + index, created_at=created, token_estimate=tokens
+            ),
+            usage=batch.usage if index == 0 else None,
+        )
+        for index, (message, tokens) in enumerate(
+            zip(batch.messages, batch.token_estimates, strict=True)
+        )
+    ]
+
+
+def _raise_for_refusal(
+    cid: UUID, result: WriteOutcome, *, expected_seq: int | None, key: str | None
+) -> None:
+    outcome = result.outcome
+    if outcome in ("appended", "replayed"):
+        return
+    if outcome == "not_found":
+        raise NotFoundError(cid)
+    if outcome == "conflict":
+        raise ConflictError(
+            f"conversation {cid} is at seq {result.seq}, not the expected {expected_seq}; "
+            "nothing was written. Reload and decide again.",
+            conversation_id=cid,
+            expected_seq=expected_seq,
+            actual_seq=result.seq,
+        )
+    if outcome == "idempotency_mismatch":
+        used = f"idempotency key {key!r}" if key is not None else "the first message's client id"
+        raise IdempotencyMismatchError(
+            f"{used} was already used in conversation {cid} for a different batch "
+            f"(stored at seq {result.seq}); use a new key for a new request",
+            conversation_id=cid,
+            key=key or "",
+        )
+    if outcome == "client_id_reused":
+        raise IdempotencyMismatchError(
+            f"client id {result.detail!r} is already used by another message in conversation "
+            f"{cid}; client ids must be unique within a conversation",
+            conversation_id=cid,
+            key=result.detail or "",
+        )
+    if outcome == "duplicate_tool_call":
+        raise DuplicateToolCallError(conversation_id=cid, tool_call_id=result.detail or "")
+    if outcome in ("orphan", "orphan_abandoned"):
+        raise OrphanToolResultError(
+            conversation_id=cid,
+            tool_call_id=result.detail or "",
+            abandoned=outcome == "orphan_abandoned",
+        )
+    raise AssertionError(f"unknown write outcome {outcome!r}")
+
+
+__all__ = ["DEFAULT_TENANT", "EpisodicStore", "parse_conversation_id"]

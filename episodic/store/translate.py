@@ -1,0 +1,77 @@
+"""Database errors become episodic errors here, and only here.
+
+By SQLSTATE for PostgreSQL (asyncpg raises them directly; SQLAlchemy wraps them), by message
+for SQLite. Anything not recognised is re-raised unchanged: hiding an unknown failure behind a
+generic error would make it harder to diagnose.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import exc as sa_exc
+
+from episodic.errors import ConfigurationError, TenantDeniedError, TransientDatabaseError
+
+#: Connection lost or refused, server shutting down, serialization failure, deadlock.
+TRANSIENT_SQLSTATE_CLASSES = ("08", "57P")
+TRANSIENT_SQLSTATES = {"40001", "40P01", "53300", "55P03", "57014"}
+NOT_MIGRATED_SQLSTATES = {"42P01", "42883"}  # undefined table, undefined function
+PRIVILEGE_SQLSTATE = "42501"
+
+_NOT_MIGRATED = "the episodic schema is missing or out of date: run `episodic migrate`"
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    state = getattr(exc, "sqlstate", None)
+    if isinstance(state, str):
+        return state
+    orig = getattr(exc, "orig", None)
+    if orig is not None and orig is not exc:
+        return _sqlstate(orig)
+    cause = exc.__cause__
+    return _sqlstate(cause) if cause is not None and cause is not exc else None
+
+
+def _translate(exc: BaseException) -> BaseException | None:
+    state = _sqlstate(exc)
+    if state is not None:
+        if state in NOT_MIGRATED_SQLSTATES:
+            return ConfigurationError(f"{_NOT_MIGRATED} ({exc})")
+        if state == PRIVILEGE_SQLSTATE:
+            return TenantDeniedError(f"the database refused this operation: {exc}")
+        if state in TRANSIENT_SQLSTATES or state.startswith(TRANSIENT_SQLSTATE_CLASSES):
+            return TransientDatabaseError(f"transient database failure ({state}): {exc}")
+        return None
+    orig = getattr(exc, "orig", exc)
+    if isinstance(orig, sqlite3.OperationalError):
+        text = str(orig)
+        if "no such table" in text:
+            return ConfigurationError(f"{_NOT_MIGRATED} ({text})")
+        if "locked" in text or "busy" in text:
+            return TransientDatabaseError(f"SQLite database is busy: {text}")
+        return None
+    if isinstance(exc, ConnectionError | OSError) or (
+        isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
+    ):
+        return TransientDatabaseError(f"database connection failed: {exc}")
+    if type(exc).__name__ == "ConnectionDoesNotExistError":
+        return TransientDatabaseError(f"database connection failed: {exc}")
+    return None
+
+
+@contextmanager
+def translated_errors() -> Iterator[None]:
+    """Re-raise driver errors as episodic errors, ``from`` the original."""
+    try:
+        yield
+    except Exception as exc:
+        translated = _translate(exc)
+        if translated is None:
+            raise
+        raise translated from exc
+
+
+__all__ = ["translated_errors"]

@@ -1,0 +1,173 @@
+"""Test databases.
+
+PostgreSQL: ``EPISODIC_TEST_DATABASE_URL`` names a server we may create databases on; without
+it, testcontainers starts one when Docker answers; otherwise the run stops with a message
+saying what to set. The schema is migrated once into a template database, and every test gets
+its own database cloned from it (dropped afterwards). SQLite: a migrated template file,
+copied per test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from sqlalchemy.engine import make_url
+
+from episodic import EpisodicStore
+from episodic.settings import EpisodicSettings
+
+SERVER_URL_VARIABLE = "EPISODIC_TEST_DATABASE_URL"
+_SERVER_URL = os.environ.get(SERVER_URL_VARIABLE)
+BACKENDS = ("postgresql", "sqlite")
+
+
+def isolated_settings() -> EpisodicSettings:
+    """Defaults only: no environment variables, no .env file."""
+    return EpisodicSettings(_env_file=None)
+
+
+def _with_database(url: str, name: str) -> str:
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+def _asyncpg_dsn(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def _start_container() -> tuple[str, object]:
+    try:
+        from testcontainers.postgres import PostgresContainer
+
+        container = PostgresContainer("postgres:16-alpine", driver="asyncpg")
+        container.start()
+    except Exception as exc:
+        pytest.exit(
+            f"No PostgreSQL for the tests. Set {SERVER_URL_VARIABLE} to a server the tests may "
+            "create databases on, e.g. "
+            "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres, or start Docker so "
+            f"testcontainers can run one. (testcontainers: {type(exc).__name__}: {exc})",
+            returncode=2,
+        )
+    return container.get_connection_url(), container
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """URL of a PostgreSQL server (its maintenance database)."""
+    if _SERVER_URL:
+        yield _SERVER_URL
+        return
+    url, container = _start_container()
+    try:
+        yield url
+    finally:
+        container.stop()  # type: ignore[attr-defined]
+
+
+async def _admin(server: str, sql: str) -> None:
+    connection = await asyncpg.connect(_asyncpg_dsn(server))
+    try:
+        await connection.execute(sql)
+    finally:
+        await connection.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_template(postgres_server: str) -> Iterator[str]:
+    """Name of a migrated database that test databases are cloned from."""
+    name = f"episodic_template_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin(postgres_server, f'CREATE DATABASE "{name}"'))
+
+    async def migrate() -> None:
+        store = await EpisodicStore.open(
+            _with_database(postgres_server, name), settings=isolated_settings()
+        )
+        try:
+            await store.migrate()
+        finally:
+            await store.close()
+
+    asyncio.run(migrate())
+    try:
+        yield name
+    finally:
+        asyncio.run(_admin(postgres_server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sqlite-template") / "episodic.db"
+
+    async def migrate() -> None:
+        store = await EpisodicStore.open(f"sqlite+aiosqlite:///{path}", settings=isolated_settings())
+        try:
+            await store.migrate()
+        finally:
+            await store.close()
+
+    asyncio.run(migrate())
+    return path
+
+
+@pytest.fixture
+async def postgres_url(postgres_server: str, postgres_template: str) -> AsyncIterator[str]:
+    """A fresh, migrated PostgreSQL database for one test."""
+    name = f"episodic_test_{uuid.uuid4().hex[:12]}"
+    await _admin(postgres_server, f'CREATE DATABASE "{name}" TEMPLATE "{postgres_template}"')
+    try:
+        yield _with_database(postgres_server, name)
+    finally:
+        await _admin(postgres_server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def sqlite_url(sqlite_template: Path, tmp_path: Path) -> str:
+    """A fresh, migrated SQLite file for one test."""
+    path = tmp_path / "episodic.db"
+    shutil.copyfile(sqlite_template, path)
+    return f"sqlite+aiosqlite:///{path}"
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def database_url(backend: str, request: pytest.FixtureRequest) -> str:
+    """A fresh migrated database on each backend (the contract suite runs on both)."""
+    fixture = "postgres_url" if backend == "postgresql" else "sqlite_url"
+    return str(request.getfixturevalue(fixture))
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[EpisodicStore]:
+    opened = await EpisodicStore.open(database_url, settings=isolated_settings())
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture
+async def pg_store(postgres_url: str) -> AsyncIterator[EpisodicStore]:
+    opened = await EpisodicStore.open(postgres_url, settings=isolated_settings())
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture(autouse=True)
+def _scrub_episodic_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests see no EPISODIC_* variables from the shell that runs them."""
+    for name in list(os.environ):
+        if name.startswith("EPISODIC_"):
+            monkeypatch.delenv(name)
