@@ -43,7 +43,7 @@ def _asyncpg_dsn(url: str) -> str:
 
 def _start_container() -> tuple[str, object]:
     try:
-        from testcontainers.postgres import PostgresContainer
+        from testcontainers.community.postgres import PostgresContainer
 
         container = PostgresContainer("postgres:16-alpine", driver="asyncpg")
         container.start()
@@ -106,7 +106,9 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("sqlite-template") / "episodic.db"
 
     async def migrate() -> None:
-        store = await EpisodicStore.open(f"sqlite+aiosqlite:///{path}", settings=isolated_settings())
+        store = await EpisodicStore.open(
+            f"sqlite+aiosqlite:///{path}", settings=isolated_settings()
+        )
         try:
             await store.migrate()
         finally:

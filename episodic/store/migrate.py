@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from importlib.resources import files
 from pathlib import Path
+from weakref import WeakKeyDictionary
 
 from alembic import command
 from alembic.config import Config
@@ -38,9 +40,15 @@ def _upgrade(connection: Connection) -> None:
     command.upgrade(config, "head")
 
 
+# Alembic keeps its migration context in module globals, so two upgrades interleaved on one
+# event loop corrupt each other. Across processes the advisory lock in env.py serializes them.
+_loop_locks: WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = WeakKeyDictionary()
+
+
 async def upgrade_to_head(engine: AsyncEngine) -> None:
     """``alembic upgrade head`` on ``engine``, in one transaction."""
-    async with engine.begin() as connection:
+    lock = _loop_locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+    async with lock, engine.begin() as connection:
         await connection.run_sync(_upgrade)
 
 

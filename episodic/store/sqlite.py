@@ -7,7 +7,9 @@ head is advanced with the projection's own fold (store/projection.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -56,6 +58,15 @@ class SqliteBackend:
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
         self._writer = engine.execution_options(**{_WRITE: True})
+        # SQLite has one writer at a time. Queueing this process's writers here is fair and
+        # prompt; leaving it to the busy handler makes them sleep and poll. Other processes
+        # still wait on BEGIN IMMEDIATE.
+        self._write_lock = asyncio.Lock()
+
+    @asynccontextmanager
+    async def _write(self) -> AsyncIterator[AsyncConnection]:
+        async with self._write_lock, self._writer.begin() as conn:
+            yield conn
 
     @classmethod
     async def connect(cls, url: DatabaseUrl) -> SqliteBackend:
@@ -77,7 +88,7 @@ class SqliteBackend:
     ) -> bool:
         with translated_errors():
             try:
-                async with self._writer.begin() as conn:
+                async with self._write() as conn:
                     await conn.execute(
                         insert(conversations).values(
                             conversation_id=conversation_id,
@@ -96,7 +107,7 @@ class SqliteBackend:
     ) -> WriteOutcome:
         # The same checks, in the same order, as the PostgreSQL function episodic_append.
         with translated_errors():
-            async with self._writer.begin() as conn:
+            async with self._write() as conn:
                 head = await _head(conn, conversation_id)
                 if head is None:
                     return WriteOutcome("not_found")
@@ -178,7 +189,7 @@ class SqliteBackend:
         self, conversation_id: UUID, tokens_per_abandoned: int
     ) -> WriteOutcome:
         with translated_errors():
-            async with self._writer.begin() as conn:
+            async with self._write() as conn:
                 head = await _head(conn, conversation_id)
                 if head is None:
                     return WriteOutcome("not_found")
@@ -202,7 +213,9 @@ class SqliteBackend:
                 )
                 counters = counters.after_run_completed(seq=seq, token_estimate=tokens)
                 await _save_counters(conn, conversation_id, counters)
-                return WriteOutcome("appended", seq=seq, created_at=now)
+                return WriteOutcome(
+                    "appended", seq=seq, created_at=now, detail=encode_json(abandoned, what="ids")
+                )
 
     async def read_events(
         self, conversation_id: UUID, after_seq: int, limit: int

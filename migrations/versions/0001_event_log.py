@@ -51,9 +51,7 @@ def upgrade() -> None:
         sa.Column("lease_owner", sa.Text(), nullable=True),
         sa.Column("lease_token", sa.Uuid(), nullable=True),
         sa.Column("lease_expires_at", ts, nullable=True),
-        sa.Column(
-            "compaction_attempts", sa.Integer(), nullable=False, server_default=sa.text("0")
-        ),
+        sa.Column("compaction_attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
         sa.Column("next_attempt_at", ts, nullable=True),
         sa.Column("last_error", sa.Text(), nullable=True),
         sa.Column("dead_since", ts, nullable=True),

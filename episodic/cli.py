@@ -1,0 +1,132 @@
+"""The ``episodic`` command line: thin commands over the library."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Annotated, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from episodic.errors import EpisodicError
+from episodic.models import BoundaryEvent, MessageEvent, RunCompletedEvent, StoredEvent
+from episodic.settings import EpisodicSettings
+from episodic.store import EpisodicStore
+
+app = typer.Typer(
+    name="episodic",
+    help="A durable, append-only episodic history for AI-agent conversations.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+console = Console()
+T = TypeVar("T")
+
+DatabaseUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url",
+        envvar="EPISODIC_DATABASE_URL",
+        show_envvar=True,
+        help="postgresql+asyncpg://... or sqlite+aiosqlite:///file.db [default: ./episodic.db]",
+    ),
+]
+
+
+def _run(work: Callable[[EpisodicStore], Awaitable[T]], database_url: str | None) -> T:
+    async def main() -> T:
+        settings = EpisodicSettings()
+        store = await EpisodicStore.open(database_url or settings.database_url, settings=settings)
+        try:
+            return await work(store)
+        finally:
+            await store.close()
+
+    try:
+        return asyncio.run(main())
+    except EpisodicError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+
+
+@app.command()
+def migrate(database_url: DatabaseUrlOption = None) -> None:
+    """Create or upgrade episodic's tables (alembic upgrade head). Safe to run from many
+    processes at once."""
+
+    async def work(store: EpisodicStore) -> None:
+        await store.migrate()
+
+    _run(work, database_url)
+    console.print("schema is up to date")
+
+
+@app.command()
+def show(
+    conversation_id: Annotated[str, typer.Argument(help="The conversation's UUID.")],
+    database_url: DatabaseUrlOption = None,
+    after_seq: Annotated[int, typer.Option(help="Show events after this seq.")] = 0,
+    limit: Annotated[int, typer.Option(help="Show at most this many events.")] = 200,
+    width: Annotated[int, typer.Option(help="Characters of each event to show.")] = 160,
+) -> None:
+    """Print a conversation's head counters and its events."""
+
+    async def work(store: EpisodicStore) -> None:
+        head = await store.get_conversation(conversation_id)
+        events = await store.read_events(conversation_id, after_seq=after_seq, limit=limit)
+        console.print(
+            f"[bold]{head.conversation_id}[/bold]  tenant={head.tenant_id}  "
+            f"last_seq={head.last_seq}  context≈{head.context_tokens:,} tokens  "
+            f"user messages={head.total_user_messages}  "
+            f"open tool calls={len(head.open_tool_calls)}"
+        )
+        table = Table(show_lines=False)
+        for column in ("seq", "at", "kind", "tokens", "content"):
+            table.add_column(column, overflow="fold")
+        for event in events:
+            table.add_row(
+                str(event.seq),
+                event.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                _kind(event),
+                str(event.token_estimate),
+                _describe(event)[:width],
+            )
+        console.print(table)
+
+    _run(work, database_url)
+
+
+def _kind(event: StoredEvent) -> str:
+    if isinstance(event, MessageEvent):
+        return event.message.role
+    return event.kind
+
+
+def _describe(event: StoredEvent) -> str:
+    if isinstance(event, MessageEvent):
+        message = event.message
+        parts = [message.text] if message.text else []
+        if message.tool_calls:
+            parts.append(
+                "calls "
+                + ", ".join(f"{c.name}#{c.id}({c.arguments_text()})" for c in message.tool_calls)
+            )
+        if message.role == "tool":
+            status = "error" if message.is_error else "ok"
+            parts.insert(0, f"result #{message.tool_call_id} {message.name or ''} {status}:")
+        return " ".join(parts).replace("\n", " ")
+    if isinstance(event, RunCompletedEvent):
+        abandoned = ", ".join(event.abandoned_tool_call_ids) or "none"
+        return f"run completed; abandoned calls: {abandoned}"
+    if isinstance(event, BoundaryEvent):
+        return f"boundary through seq {event.covers_through_seq} ({event.reason}): {event.summary}"
+    return ""
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,65 @@
+"""On PostgreSQL an append is one round trip, whatever the size of the batch."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from episodic import EpisodicStore, Message, ToolCall, Usage
+from episodic.settings import EpisodicSettings
+from tests.support import RoundTripCounter
+
+
+@pytest.fixture
+async def counted(postgres_url: str) -> AsyncIterator[tuple[EpisodicStore, RoundTripCounter]]:
+    target = make_url(postgres_url)
+    counter = RoundTripCounter(target.host or "127.0.0.1", target.port or 5432)
+    port = await counter.start()
+    settings = EpisodicSettings(_env_file=None, pool_min_size=1, pool_max_size=1)
+    store = await EpisodicStore.open(counter.url_through(postgres_url, port), settings=settings)
+    try:
+        yield store, counter
+    finally:
+        await store.close()
+        await counter.stop()
+
+
+def _batch(size: int, start: int) -> list[Message]:
+    out: list[Message] = []
+    while len(out) < size:
+        n = start + len(out)
+        out.append(Message.assistant(None, tool_calls=[ToolCall(id=f"c{n}", name="run")]))
+        out.append(Message.tool_result(f"c{n}", "x" * 300, name="run"))
+    return out[:size] if size % 2 == 0 else [Message.user("go"), *out[: size - 1]]
+
+
+@pytest.mark.parametrize("size", [1, 2, 10, 200, 1000])
+async def test_append_is_one_round_trip(
+    counted: tuple[EpisodicStore, RoundTripCounter], size: int
+) -> None:
+    store, counter = counted
+    conv = await store.create_conversation()
+    # The first append on a connection prepares the statement; every later one reuses it.
+    await store.append(conv, [Message.user("warm up")])
+    before = counter.round_trips
+    events = await store.append(
+        conv, _batch(size, 0), idempotency_key="k", usage=Usage(input_tokens=10)
+    )
+    assert len(events) == size
+    assert counter.round_trips - before == 1
+
+
+async def test_mark_run_completed_is_one_round_trip(
+    counted: tuple[EpisodicStore, RoundTripCounter],
+) -> None:
+    store, counter = counted
+    conv = await store.create_conversation()
+    await store.append(conv, [Message.assistant(None, tool_calls=[ToolCall(id="a", name="t")])])
+    await store.mark_run_completed(conv)
+    await store.append(conv, [Message.assistant(None, tool_calls=[ToolCall(id="b", name="t")])])
+    before = counter.round_trips
+    completed = await store.mark_run_completed(conv)
+    assert completed.abandoned_tool_call_ids == ("b",)
+    assert counter.round_trips - before == 1

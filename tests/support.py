@@ -1,0 +1,113 @@
+"""Helpers shared by the tests: database snapshots and a PostgreSQL protocol-counting proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
+
+from episodic.store.engine import sqlalchemy_url
+from episodic.store.schema import metadata
+
+TABLES = ("episodic_conversations", "episodic_events", "episodic_compaction_attempts")
+
+
+async def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every episodic table, ordered: equal snapshots mean nothing changed."""
+    engine = create_async_engine(sqlalchemy_url(url), poolclass=NullPool)
+    try:
+        async with engine.connect() as conn:
+            out: dict[str, list[tuple[Any, ...]]] = {}
+            for name in TABLES:
+                table = metadata.tables[name]
+                rows = await conn.execute(select(table).order_by(*table.primary_key.columns))
+                out[name] = [tuple(row) for row in rows]
+            return out
+    finally:
+        await engine.dispose()
+
+
+async def execute_raw(url: str, sql: str) -> None:
+    """Run one statement outside the store, as an operator would."""
+    engine = create_async_engine(sqlalchemy_url(url), poolclass=NullPool)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text(sql))
+    finally:
+        await engine.dispose()
+
+
+@dataclass
+class RoundTripCounter:
+    """A TCP proxy in front of PostgreSQL that counts the client's synchronisation points.
+
+    Each Sync ('S') or simple Query ('Q') message from the client ends a request the client
+    then waits on: their count is the number of round trips. Needs an unencrypted connection
+    (``sslmode=disable``) to read the protocol.
+    """
+
+    target_host: str
+    target_port: int
+    round_trips: int = 0
+    messages: list[bytes] = field(default_factory=list)
+    _server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    def url_through(self, url: str, port: int) -> str:
+        parsed = make_url(url).set(host="127.0.0.1", port=port)
+        parsed = parsed.update_query_dict({"sslmode": "disable"})
+        return parsed.render_as_string(hide_password=False)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection(
+            self.target_host, self.target_port
+        )
+        await asyncio.gather(
+            self._client_to_server(reader, upstream_writer),
+            self._pipe(upstream_reader, writer),
+            return_exceptions=True,
+        )
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.close()
+
+    async def _client_to_server(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            # The startup packet has no type byte: a length, then the body.
+            (length,) = struct.unpack("!I", await reader.readexactly(4))
+            writer.write(struct.pack("!I", length) + await reader.readexactly(length - 4))
+            while True:
+                kind = await reader.readexactly(1)
+                (length,) = struct.unpack("!I", await reader.readexactly(4))
+                body = await reader.readexactly(length - 4)
+                self.messages.append(kind)
+                if kind in (b"S", b"Q"):
+                    self.round_trips += 1
+                writer.write(kind + struct.pack("!I", length) + body)
+                await writer.drain()
+        except asyncio.IncompleteReadError:
+            pass
+        finally:
+            writer.close()
