@@ -5,6 +5,7 @@ request loads ``[handoff summary, retained user messages, everything after the b
 Nothing in the log is ever rewritten or deleted.
 """
 
+from episodic.context import Context
 from episodic.errors import (
     ConfigurationError,
     ConflictError,
@@ -18,6 +19,7 @@ from episodic.errors import (
     TenantDeniedError,
     ToolPairingError,
     TransientDatabaseError,
+    UnsafeCutError,
     ValidationError,
 )
 from episodic.models import (
@@ -33,6 +35,12 @@ from episodic.models import (
     Usage,
     messages_from_openai,
 )
+from episodic.policy import (
+    EpisodicCompactionConfig,
+    EpisodicCompactionPressure,
+    EpisodicCompactionTrigger,
+    episodic_compaction_trigger,
+)
 from episodic.settings import EpisodicSettings
 from episodic.store import EpisodicStore
 from episodic.tokens import CharHeuristic, TiktokenEstimator, TokenEstimator
@@ -42,8 +50,12 @@ __all__ = [
     "CharHeuristic",
     "ConfigurationError",
     "ConflictError",
+    "Context",
     "Conversation",
     "DuplicateToolCallError",
+    "EpisodicCompactionConfig",
+    "EpisodicCompactionPressure",
+    "EpisodicCompactionTrigger",
     "EpisodicError",
     "EpisodicSettings",
     "EpisodicStore",
@@ -64,7 +76,9 @@ __all__ = [
     "ToolCall",
     "ToolPairingError",
     "TransientDatabaseError",
+    "UnsafeCutError",
     "Usage",
     "ValidationError",
+    "episodic_compaction_trigger",
     "messages_from_openai",
 ]

@@ -84,6 +84,16 @@ class DuplicateToolCallError(ToolPairingError):
         )
 
 
+class UnsafeCutError(ValidationError):
+    """A boundary would cut between a tool call and its result, or outside the log: the
+    summary would orphan a result (providers refuse that history) or cover nothing new."""
+
+    def __init__(self, message: str, *, conversation_id: UUID, covers_through_seq: int) -> None:
+        super().__init__(message, field="covers_through_seq")
+        self.conversation_id = conversation_id
+        self.covers_through_seq = covers_through_seq
+
+
 class NotFoundError(EpisodicError, LookupError):
     """The conversation does not exist (or is not visible to this tenant)."""
 
@@ -170,5 +180,6 @@ __all__ = [
     "TenantDeniedError",
     "ToolPairingError",
     "TransientDatabaseError",
+    "UnsafeCutError",
     "ValidationError",
 ]

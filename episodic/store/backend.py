@@ -3,6 +3,7 @@ everything dialect-specific lives in those two modules."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol
@@ -10,6 +11,7 @@ from uuid import UUID
 
 from episodic.models import Conversation, StoredEvent
 from episodic.store.batch import PreparedBatch
+from episodic.store.boundaries import BoundaryWrite, HeadState
 
 Outcome = Literal[
     "appended",
@@ -35,6 +37,18 @@ class WriteOutcome:
     detail: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class LoadedTail:
+    """What ``load_context`` reads: the head's position and the events after the cut."""
+
+    last_seq: int
+    boundary_seq: int | None
+    events: list[StoredEvent]
+
+
+PlanBoundary = Callable[[HeadState, list[StoredEvent], datetime], BoundaryWrite]
+
+
 class Backend(Protocol):
     dialect: str
 
@@ -54,6 +68,18 @@ class Backend(Protocol):
         self, conversation_id: UUID, tokens_per_abandoned: int
     ) -> WriteOutcome: ...
 
+    async def write_boundary(
+        self, conversation_id: UUID, covers_through_seq: int, plan: PlanBoundary
+    ) -> BoundaryWrite | None:
+        """Lock the head, read the events after ``covers_through_seq``, let ``plan`` decide
+        (it raises to refuse), and write its result, all in one transaction. None when the
+        conversation does not exist."""
+        ...
+
+    async def load_tail(self, conversation_id: UUID) -> LoadedTail | None:
+        """The head's position and every event after its latest cut, in one statement."""
+        ...
+
     async def read_events(
         self, conversation_id: UUID, after_seq: int, limit: int
     ) -> list[StoredEvent]: ...
@@ -63,4 +89,4 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
-__all__ = ["Backend", "Outcome", "WriteOutcome"]
+__all__ = ["Backend", "LoadedTail", "Outcome", "PlanBoundary", "WriteOutcome"]

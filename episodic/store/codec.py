@@ -18,6 +18,8 @@ from episodic.models import (
     StoredEvent,
     Usage,
 )
+from episodic.store.boundaries import HeadState
+from episodic.store.projection import HeadCounters
 
 
 def utc(value: datetime) -> datetime:
@@ -76,6 +78,79 @@ def decode_event(
     )
 
 
+def decode_event_row(conversation_id: UUID, row: Mapping[Any, Any]) -> StoredEvent:
+    """An event from a row with the columns seq, kind, created_at, token_estimate, payload
+    and usage."""
+    return decode_event(
+        conversation_id,
+        seq=row["seq"],
+        kind=row["kind"],
+        created_at=row["created_at"],
+        token_estimate=row["token_estimate"],
+        payload=row["payload"],
+        usage=row["usage"],
+    )
+
+
+def decode_counters(row: Mapping[str, Any]) -> HeadCounters:
+    """The log-derived counters of a head row."""
+    return HeadCounters(
+        last_seq=row["last_seq"],
+        boundary_seq=row["boundary_seq"],
+        covers_through_seq=row["covers_through_seq"],
+        total_user_messages=row["total_user_messages"],
+        user_messages_since_boundary=row["user_messages_since_boundary"],
+        run_completed_since_boundary=row["run_completed_since_boundary"],
+        user_messages_since_run_completed=row["user_messages_since_run_completed"],
+        context_tokens=row["context_tokens"],
+        usage_input_tokens=row["usage_input_tokens"],
+        tokens_since_usage=row["tokens_since_usage"],
+        open_tool_calls=json_value(row["open_tool_calls"]),
+    )
+
+
+def decode_head_state(row: Mapping[str, Any]) -> HeadState:
+    """A locked head row, as a boundary write needs it."""
+    expires = row["lease_expires_at"]
+    return HeadState(
+        tenant_id=row["tenant_id"],
+        counters=decode_counters(row),
+        lease_token=row["lease_token"],
+        lease_expires_at=utc(expires) if expires is not None else None,
+    )
+
+
+def counter_values(counters: HeadCounters) -> dict[str, Any]:
+    """Head columns to store for ``counters``."""
+    return {
+        "last_seq": counters.last_seq,
+        "boundary_seq": counters.boundary_seq,
+        "covers_through_seq": counters.covers_through_seq,
+        "total_user_messages": counters.total_user_messages,
+        "user_messages_since_boundary": counters.user_messages_since_boundary,
+        "run_completed_since_boundary": counters.run_completed_since_boundary,
+        "user_messages_since_run_completed": counters.user_messages_since_run_completed,
+        "context_tokens": counters.context_tokens,
+        "usage_input_tokens": counters.usage_input_tokens,
+        "tokens_since_usage": counters.tokens_since_usage,
+        "open_tool_calls": dict(counters.open_tool_calls),
+    }
+
+
+#: A boundary ends any compaction in progress: the due state and the lease are cleared.
+CLEARED_COMPACTION_STATE: dict[str, Any] = {
+    "due_since": None,
+    "due_reason": None,
+    "lease_owner": None,
+    "lease_token": None,
+    "lease_expires_at": None,
+    "compaction_attempts": 0,
+    "next_attempt_at": None,
+    "last_error": None,
+    "dead_since": None,
+}
+
+
 def decode_conversation(row: Mapping[str, Any]) -> Conversation:
     """One ``episodic_conversations`` row as a model."""
     return Conversation(
@@ -97,4 +172,14 @@ def decode_conversation(row: Mapping[str, Any]) -> Conversation:
     )
 
 
-__all__ = ["decode_conversation", "decode_event", "json_value", "utc"]
+__all__ = [
+    "CLEARED_COMPACTION_STATE",
+    "counter_values",
+    "decode_conversation",
+    "decode_counters",
+    "decode_event",
+    "decode_event_row",
+    "decode_head_state",
+    "json_value",
+    "utc",
+]

@@ -17,9 +17,10 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from episodic.models import Conversation, StoredEvent
-from episodic.store.backend import WriteOutcome
+from episodic.store.backend import LoadedTail, PlanBoundary, WriteOutcome
 from episodic.store.batch import PreparedBatch
-from episodic.store.codec import decode_conversation, decode_event
+from episodic.store.boundaries import BoundaryWrite
+from episodic.store.codec import decode_conversation, decode_event_row, decode_head_state
 from episodic.store.engine import DatabaseUrl
 from episodic.store.migrate import upgrade_to_head
 from episodic.store.translate import translated_errors
@@ -46,6 +47,40 @@ SELECT seq, kind, created_at, token_estimate, payload, usage
  WHERE conversation_id = $1 AND seq > $2
  ORDER BY seq
  LIMIT $3
+"""
+
+# One statement: the head's cut decides the range, and the range is an index scan on the
+# primary key, so the cost is the rows returned whatever the length of the history.
+LOAD_TAIL = """
+SELECT c.last_seq, c.boundary_seq, e.seq, e.kind, e.created_at, e.token_estimate, e.payload,
+       e.usage
+  FROM episodic_conversations c
+  LEFT JOIN episodic_events e
+         ON e.conversation_id = c.conversation_id AND e.seq > c.covers_through_seq
+ WHERE c.conversation_id = $1
+ ORDER BY e.seq
+"""
+
+LOCK_HEAD = """
+SELECT *, now() AS database_now FROM episodic_conversations WHERE conversation_id = $1 FOR UPDATE
+"""
+
+INSERT_BOUNDARY = """
+INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at, token_estimate,
+                             payload, usage)
+VALUES ($1, $2, $3, 'boundary', $4, $5, $6, NULL)
+"""
+
+STORE_HEAD_AFTER_BOUNDARY = """
+UPDATE episodic_conversations SET
+    last_seq = $2, boundary_seq = $3, covers_through_seq = $4,
+    user_messages_since_boundary = $5, run_completed_since_boundary = $6,
+    user_messages_since_run_completed = $7, context_tokens = $8,
+    usage_input_tokens = NULL, tokens_since_usage = 0,
+    due_since = NULL, due_reason = NULL, lease_owner = NULL, lease_token = NULL,
+    lease_expires_at = NULL, compaction_attempts = 0, next_attempt_at = NULL,
+    last_error = NULL, dead_since = NULL
+ WHERE conversation_id = $1
 """
 
 GET_CONVERSATION = """
@@ -140,23 +175,57 @@ class PostgresBackend:
             )
         return _outcome(row)
 
+    async def write_boundary(
+        self, conversation_id: UUID, covers_through_seq: int, plan: PlanBoundary
+    ) -> BoundaryWrite | None:
+        with translated_errors():
+            async with self._pool.acquire() as conn, conn.transaction():
+                head = await conn.fetchrow(LOCK_HEAD, conversation_id)
+                if head is None:
+                    return None
+                rows = await conn.fetch(READ_EVENTS, conversation_id, covers_through_seq, None)
+                tail = [decode_event_row(conversation_id, row) for row in rows]
+                write = plan(decode_head_state(head), tail, head["database_now"])
+                event, after = write.event, write.counters
+                await conn.execute(
+                    INSERT_BOUNDARY,
+                    conversation_id,
+                    event.seq,
+                    head["tenant_id"],
+                    event.created_at,
+                    event.token_estimate,
+                    write.payload,
+                )
+                await conn.execute(
+                    STORE_HEAD_AFTER_BOUNDARY,
+                    conversation_id,
+                    after.last_seq,
+                    after.boundary_seq,
+                    after.covers_through_seq,
+                    after.user_messages_since_boundary,
+                    after.run_completed_since_boundary,
+                    after.user_messages_since_run_completed,
+                    after.context_tokens,
+                )
+        return write
+
+    async def load_tail(self, conversation_id: UUID) -> LoadedTail | None:
+        with translated_errors():
+            rows = await self._pool.fetch(LOAD_TAIL, conversation_id)
+        if not rows:
+            return None
+        first = rows[0]
+        events = [decode_event_row(conversation_id, r) for r in rows if r["seq"] is not None]
+        return LoadedTail(
+            last_seq=first["last_seq"], boundary_seq=first["boundary_seq"], events=events
+        )
+
     async def read_events(
         self, conversation_id: UUID, after_seq: int, limit: int
     ) -> list[StoredEvent]:
         with translated_errors():
             rows = await self._pool.fetch(READ_EVENTS, conversation_id, after_seq, limit)
-        return [
-            decode_event(
-                conversation_id,
-                seq=row["seq"],
-                kind=row["kind"],
-                created_at=row["created_at"],
-                token_estimate=row["token_estimate"],
-                payload=row["payload"],
-                usage=row["usage"],
-            )
-            for row in rows
-        ]
+        return [decode_event_row(conversation_id, row) for row in rows]
 
     async def get_conversation(self, conversation_id: UUID) -> Conversation | None:
         with translated_errors():

@@ -7,30 +7,30 @@ functions on append; the PostgreSQL function ``episodic_append`` mirrors them in
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from episodic.models import Message, MessageEvent, RunCompletedEvent, StoredEvent, Usage
+from episodic.context import missing_result
+from episodic.models import (
+    BoundaryEvent,
+    Message,
+    MessageEvent,
+    RunCompletedEvent,
+    StoredEvent,
+    Usage,
+)
 from episodic.rendering import context_token_estimate
 from episodic.tokens import TokenEstimator
 
-ABANDONED_RESULT_TEXT = (
-    "No result was recorded for this tool call: the run ended before the tool answered. "
-    "Treat the call as failed."
-)
 #: Abandoned calls are costed with an id and name of this length; the real ones differ by a
 #: few characters, which is within what an estimate is for.
 _TYPICAL_ID = "call_" + "0" * 24
 
 
-def abandoned_result(call_id: str, name: str | None) -> Message:
-    """The synthetic error result that pairs an abandoned call when loading a context."""
-    return Message.tool_result(call_id, ABANDONED_RESULT_TEXT, name=name, is_error=True)
-
-
 def abandoned_result_tokens(estimator: TokenEstimator) -> int:
-    """The token estimate charged per abandoned call when a run completes."""
-    return context_token_estimate(abandoned_result(_TYPICAL_ID, "tool"), estimator)
+    """The token estimate charged per abandoned call when a run completes: the synthetic
+    result that loading pairs it with."""
+    return context_token_estimate(missing_result(_TYPICAL_ID, "tool"), estimator)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,12 +90,47 @@ class HeadCounters:
             open_tool_calls={},
         )
 
+    def after_boundary(self, boundary: BoundaryEvent, tail: Sequence[StoredEvent]) -> HeadCounters:
+        """The counters once ``boundary`` is stored; ``tail`` is every event after its cut
+        and before it. Pressure restarts from the boundary: the provider-reported usage
+        described the context before it, so it no longer applies."""
+        users = 0
+        since_run = 0
+        runs = 0
+        tokens = boundary.token_estimate
+        for event in tail:
+            if isinstance(event, BoundaryEvent):
+                continue  # superseded: the new handoff already covers it
+            tokens += event.token_estimate
+            if isinstance(event, RunCompletedEvent):
+                runs += 1
+                since_run = 0
+            elif event.message.role == "user":
+                users += 1
+                since_run += 1
+        return replace(
+            self,
+            last_seq=boundary.seq,
+            boundary_seq=boundary.seq,
+            covers_through_seq=boundary.covers_through_seq,
+            user_messages_since_boundary=users,
+            run_completed_since_boundary=runs,
+            user_messages_since_run_completed=since_run,
+            context_tokens=tokens,
+            usage_input_tokens=None,
+            tokens_since_usage=0,
+        )
+
 
 def rebuild_head(events: Iterable[StoredEvent]) -> HeadCounters:
     """Fold the log, oldest first, into head counters."""
     head = HeadCounters()
+    seen: list[StoredEvent] = []
     for event in events:
-        if isinstance(event, MessageEvent):
+        if isinstance(event, BoundaryEvent):
+            tail = [e for e in seen if e.seq > event.covers_through_seq]
+            head = head.after_boundary(event, tail)
+        elif isinstance(event, MessageEvent):
             head = head.after_message(
                 event.message,
                 seq=event.seq,
@@ -104,15 +139,12 @@ def rebuild_head(events: Iterable[StoredEvent]) -> HeadCounters:
             )
         elif isinstance(event, RunCompletedEvent):
             head = head.after_run_completed(seq=event.seq, token_estimate=event.token_estimate)
-        else:
-            raise NotImplementedError("boundary events are folded by the boundary writer")
+        seen.append(event)
     return head
 
 
 __all__ = [
-    "ABANDONED_RESULT_TEXT",
     "HeadCounters",
-    "abandoned_result",
     "abandoned_result_tokens",
     "rebuild_head",
 ]

@@ -21,9 +21,18 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import StaticPool
 
 from episodic.models import Conversation, StoredEvent
-from episodic.store.backend import WriteOutcome
+from episodic.store.backend import LoadedTail, PlanBoundary, WriteOutcome
 from episodic.store.batch import PreparedBatch, encode_json
-from episodic.store.codec import decode_conversation, decode_event, json_value
+from episodic.store.boundaries import BoundaryWrite
+from episodic.store.codec import (
+    CLEARED_COMPACTION_STATE,
+    counter_values,
+    decode_conversation,
+    decode_counters,
+    decode_event_row,
+    decode_head_state,
+    json_value,
+)
 from episodic.store.engine import DatabaseUrl
 from episodic.store.migrate import upgrade_to_head
 from episodic.store.projection import HeadCounters
@@ -142,7 +151,7 @@ class SqliteBackend:
                     )
                     if reused is not None:
                         return WriteOutcome("client_id_reused", detail=reused)
-                counters = _counters(head)
+                counters = decode_counters(head)
                 open_calls = counters.open_tool_calls
                 duplicate = next((i for i in batch.called_ids if i in open_calls), None)
                 if duplicate is not None:
@@ -193,7 +202,7 @@ class SqliteBackend:
                 head = await _head(conn, conversation_id)
                 if head is None:
                     return WriteOutcome("not_found")
-                counters = _counters(head)
+                counters = decode_counters(head)
                 abandoned = counters.abandoned_ids()
                 seq = counters.last_seq + 1
                 tokens = tokens_per_abandoned * len(abandoned)
@@ -217,37 +226,48 @@ class SqliteBackend:
                     "appended", seq=seq, created_at=now, detail=encode_json(abandoned, what="ids")
                 )
 
+    async def write_boundary(
+        self, conversation_id: UUID, covers_through_seq: int, plan: PlanBoundary
+    ) -> BoundaryWrite | None:
+        with translated_errors():
+            async with self._write() as conn:
+                head = await _head(conn, conversation_id)
+                if head is None:
+                    return None
+                tail = await _events_after(conn, conversation_id, covers_through_seq, None)
+                write = plan(decode_head_state(head), tail, datetime.now(UTC))
+                event = write.event
+                await conn.execute(
+                    insert(events).values(
+                        conversation_id=conversation_id,
+                        seq=event.seq,
+                        tenant_id=head["tenant_id"],
+                        kind="boundary",
+                        created_at=event.created_at,
+                        token_estimate=event.token_estimate,
+                        payload=write.payload,
+                    )
+                )
+                await _save_counters(
+                    conn, conversation_id, write.counters, **CLEARED_COMPACTION_STATE
+                )
+        return write
+
+    async def load_tail(self, conversation_id: UUID) -> LoadedTail | None:
+        with translated_errors():
+            async with self._engine.connect() as conn:
+                head = await _head(conn, conversation_id)
+                if head is None:
+                    return None
+                tail = await _events_after(conn, conversation_id, head["covers_through_seq"], None)
+        return LoadedTail(last_seq=head["last_seq"], boundary_seq=head["boundary_seq"], events=tail)
+
     async def read_events(
         self, conversation_id: UUID, after_seq: int, limit: int
     ) -> list[StoredEvent]:
-        query = (
-            select(
-                events.c.seq,
-                events.c.kind,
-                events.c.created_at,
-                events.c.token_estimate,
-                events.c.payload,
-                events.c.usage,
-            )
-            .where(events.c.conversation_id == conversation_id, events.c.seq > after_seq)
-            .order_by(events.c.seq)
-            .limit(limit)
-        )
         with translated_errors():
             async with self._engine.connect() as conn:
-                rows = (await conn.execute(query)).all()
-        return [
-            decode_event(
-                conversation_id,
-                seq=row.seq,
-                kind=row.kind,
-                created_at=row.created_at,
-                token_estimate=row.token_estimate,
-                payload=row.payload,
-                usage=row.usage,
-            )
-            for row in rows
-        ]
+                return await _events_after(conn, conversation_id, after_seq, limit)
 
     async def get_conversation(self, conversation_id: UUID) -> Conversation | None:
         with translated_errors():
@@ -267,42 +287,37 @@ async def _head(conn: AsyncConnection, conversation_id: UUID) -> Mapping[str, An
     return dict(row) if row is not None else None
 
 
-def _counters(head: Mapping[str, Any]) -> HeadCounters:
-    return HeadCounters(
-        last_seq=head["last_seq"],
-        boundary_seq=head["boundary_seq"],
-        covers_through_seq=head["covers_through_seq"],
-        total_user_messages=head["total_user_messages"],
-        user_messages_since_boundary=head["user_messages_since_boundary"],
-        run_completed_since_boundary=head["run_completed_since_boundary"],
-        user_messages_since_run_completed=head["user_messages_since_run_completed"],
-        context_tokens=head["context_tokens"],
-        usage_input_tokens=head["usage_input_tokens"],
-        tokens_since_usage=head["tokens_since_usage"],
-        open_tool_calls=json_value(head["open_tool_calls"]),
-    )
-
-
 async def _save_counters(
-    conn: AsyncConnection, conversation_id: UUID, counters: HeadCounters
+    conn: AsyncConnection,
+    conversation_id: UUID,
+    counters: HeadCounters,
+    **extra: Any,
 ) -> None:
     await conn.execute(
         update(conversations)
         .where(conversations.c.conversation_id == conversation_id)
-        .values(
-            last_seq=counters.last_seq,
-            boundary_seq=counters.boundary_seq,
-            covers_through_seq=counters.covers_through_seq,
-            total_user_messages=counters.total_user_messages,
-            user_messages_since_boundary=counters.user_messages_since_boundary,
-            run_completed_since_boundary=counters.run_completed_since_boundary,
-            user_messages_since_run_completed=counters.user_messages_since_run_completed,
-            context_tokens=counters.context_tokens,
-            usage_input_tokens=counters.usage_input_tokens,
-            tokens_since_usage=counters.tokens_since_usage,
-            open_tool_calls=dict(counters.open_tool_calls),
-        )
+        .values(**counter_values(counters), **extra)
     )
+
+
+async def _events_after(
+    conn: AsyncConnection, conversation_id: UUID, after_seq: int, limit: int | None
+) -> list[StoredEvent]:
+    query = (
+        select(
+            events.c.seq,
+            events.c.kind,
+            events.c.created_at,
+            events.c.token_estimate,
+            events.c.payload,
+            events.c.usage,
+        )
+        .where(events.c.conversation_id == conversation_id, events.c.seq > after_seq)
+        .order_by(events.c.seq)
+        .limit(limit)
+    )
+    rows = await conn.execute(query)
+    return [decode_event_row(conversation_id, row._mapping) for row in rows]
 
 
 async def _was_abandoned(conn: AsyncConnection, conversation_id: UUID, call_id: str) -> bool:

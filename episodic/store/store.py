@@ -11,6 +11,7 @@ from uuid import UUID, uuid4
 import orjson
 from pydantic import JsonValue
 
+from episodic.context import Context, compose_context
 from episodic.errors import (
     ConflictError,
     DuplicateToolCallError,
@@ -20,16 +21,26 @@ from episodic.errors import (
     ValidationError,
 )
 from episodic.models import (
+    BoundaryEvent,
     Conversation,
     Message,
     MessageEvent,
+    RetentionMode,
     RunCompletedEvent,
     StoredEvent,
     Usage,
 )
+from episodic.policy import EpisodicCompactionPressure, age_in_days
 from episodic.settings import EpisodicSettings
 from episodic.store.backend import Backend, WriteOutcome
 from episodic.store.batch import PreparedBatch, encode_json, prepare_batch
+from episodic.store.boundaries import (
+    BoundaryRequest,
+    BoundaryWrite,
+    HeadState,
+    plan_boundary,
+    validate_request,
+)
 from episodic.store.engine import parse_database_url
 from episodic.store.postgres import PostgresBackend
 from episodic.store.projection import abandoned_result_tokens
@@ -212,6 +223,133 @@ class EpisodicStore:
             raise NotFoundError(cid)
         return found
 
+    # ---- boundaries and the request path ------------------------------------------------
+
+    async def write_boundary(
+        self,
+        conversation_id: UUID | str,
+        *,
+        summary: str,
+        covers_through_seq: int,
+        retained: Sequence[str] = (),
+        reason: str,
+        usage: Usage | None = None,
+        model: str | None = None,
+        expected_boundary_seq: int | None,
+        lease_token: UUID | None = None,
+        retention: RetentionMode = "recent_user_messages",
+        prompt_version: str | None = None,
+        tokens_before: int | None = None,
+        pressure: EpisodicCompactionPressure | None = None,
+    ) -> BoundaryEvent:
+        """Append a summary boundary: from now on ``load_context`` returns ``summary`` (the
+        finalized handoff text), the ``retained`` user texts, and every message after
+        ``covers_through_seq``.
+
+        One transaction that refuses (and writes nothing) when a newer boundary than
+        ``expected_boundary_seq`` exists (:class:`ConflictError`), when ``lease_token`` no
+        longer holds the compaction lease (:class:`LeaseLostError`), or when the cut would
+        separate a tool call from its result (:class:`UnsafeCutError`). Messages appended
+        after the cut, even while the summary was being written, stay in the context.
+        """
+        cid = parse_conversation_id(conversation_id)
+        if expected_boundary_seq is not None:
+            _check_seq(expected_boundary_seq, "expected_boundary_seq")
+        if isinstance(retained, str):
+            raise ValidationError("retained must be a list of strings", field="retained")
+        request = BoundaryRequest(
+            summary=summary,
+            covers_through_seq=covers_through_seq,
+            retained=tuple(retained),
+            reason=str(reason),
+            retention=retention,
+            expected_boundary_seq=expected_boundary_seq,
+            lease_token=lease_token,
+            usage=usage,
+            model=model,
+            prompt_version=prompt_version,
+            tokens_before=tokens_before,
+            pressure=pressure.model_dump(mode="json") if pressure is not None else {},
+        )
+        validate_request(request)
+        encode_json(summary, what="summary")
+        encode_json(list(request.retained), what="retained")
+
+        def plan(head: HeadState, tail: list[StoredEvent], now: datetime) -> BoundaryWrite:
+            return plan_boundary(cid, request, head, tail, now=now, estimator=self.estimator)
+
+        written = await self._backend.write_boundary(cid, covers_through_seq, plan)
+        if written is None:
+            raise NotFoundError(cid)
+        return written.event.model_copy(update={"created_at": _aware(written.event.created_at)})
+
+    async def load_context(
+        self, conversation_id: UUID | str, *, max_tool_result_tokens: int | None = None
+    ) -> Context:
+        """What the next model call should see: the latest boundary's handoff and retained
+        user messages, then every message after its cut, with each tool call followed by its
+        results (a call with none gets a synthetic error result). Without a boundary, the
+        whole history. No system message.
+
+        One statement on PostgreSQL, reading only the rows it returns. Tool results over
+        ``max_tool_result_tokens`` are cut here with a visible marker; the log keeps them whole.
+        """
+        cid = parse_conversation_id(conversation_id)
+        if max_tool_result_tokens is not None and (
+            isinstance(max_tool_result_tokens, bool)
+            or not isinstance(max_tool_result_tokens, int)
+            or max_tool_result_tokens < 1
+        ):
+            raise ValidationError(
+                "max_tool_result_tokens must be a positive integer", field="max_tool_result_tokens"
+            )
+        loaded = await self._backend.load_tail(cid)
+        if loaded is None:
+            raise NotFoundError(cid)
+        boundary = next(
+            (
+                e
+                for e in loaded.events
+                if isinstance(e, BoundaryEvent) and e.seq == loaded.boundary_seq
+            ),
+            None,
+        )
+        return compose_context(
+            cid,
+            boundary=boundary,
+            tail=loaded.events,
+            last_seq=loaded.last_seq,
+            estimator=self.estimator,
+            max_tool_result_tokens=max_tool_result_tokens,
+        )
+
+    async def pressure(
+        self, conversation_id: UUID | str, *, now: datetime | None = None
+    ) -> EpisodicCompactionPressure:
+        """The compaction pressure, from the head row alone (no scan of the log).
+
+        ``estimated_context_tokens`` is the larger of the stored estimate of the current
+        context and the latest provider-reported ``input_tokens`` plus what was appended
+        after it. A summarizer's own usage never counts here.
+        """
+        head = await self.get_conversation(conversation_id)
+        return pressure_of(head, now or datetime.now(UTC))
+
+
+def pressure_of(head: Conversation, now: datetime) -> EpisodicCompactionPressure:
+    """The pressure a head row describes at ``now``."""
+    estimate = head.context_tokens
+    if head.usage_input_tokens is not None:
+        estimate = max(estimate, head.usage_input_tokens + head.tokens_since_usage)
+    return EpisodicCompactionPressure(
+        estimated_context_tokens=estimate,
+        user_messages_since_boundary=head.user_messages_since_boundary,
+        run_completed_since_boundary=head.run_completed_since_boundary,
+        user_messages_after_latest_run_completed=head.user_messages_since_run_completed,
+        conversation_age_days=age_in_days(head.created_at, now),
+        total_user_messages=head.total_user_messages,
+    )
+
 
 def parse_conversation_id(value: UUID | str) -> UUID:
     """A conversation id as a UUID; anything else is a :class:`ValidationError`."""
@@ -312,4 +450,4 @@ def _raise_for_refusal(
     raise AssertionError(f"unknown write outcome {outcome!r}")
 
 
-__all__ = ["DEFAULT_TENANT", "EpisodicStore", "parse_conversation_id"]
+__all__ = ["DEFAULT_TENANT", "EpisodicStore", "parse_conversation_id", "pressure_of"]

@@ -20,8 +20,8 @@ from episodic import (
     Usage,
     ValidationError,
 )
-from episodic.store.projection import HeadCounters, rebuild_head
-from tests.support import snapshot
+from episodic.store.projection import rebuild_head
+from tests.support import counters_of, snapshot
 
 
 def call(call_id: str, name: str = "run", **args: object) -> ToolCall:
@@ -285,20 +285,7 @@ async def test_head_is_the_fold_of_the_log(store: EpisodicStore) -> None:
     await store.append(conv, [Message.user("more")], usage=Usage(input_tokens=5_000))
 
     head = await store.get_conversation(conv)
-    rebuilt = rebuild_head(await store.read_events(conv))
-    assert rebuilt == HeadCounters(
-        last_seq=head.last_seq,
-        boundary_seq=head.boundary_seq,
-        covers_through_seq=head.covers_through_seq,
-        total_user_messages=head.total_user_messages,
-        user_messages_since_boundary=head.user_messages_since_boundary,
-        run_completed_since_boundary=head.run_completed_since_boundary,
-        user_messages_since_run_completed=head.user_messages_since_run_completed,
-        context_tokens=head.context_tokens,
-        usage_input_tokens=head.usage_input_tokens,
-        tokens_since_usage=head.tokens_since_usage,
-        open_tool_calls=head.open_tool_calls,
-    )
+    assert rebuild_head(await store.read_events(conv)) == counters_of(head)
     assert head.total_user_messages == 4
     assert head.user_messages_since_run_completed == 2
     assert head.open_tool_calls == {"y": 7}

@@ -1,0 +1,182 @@
+"""What the next model call sees: the handoff, the retained user messages, and the tail.
+
+Pure: ``compose_context`` turns the latest boundary and the events after its cut into a
+history a provider accepts. Every tool call is followed by all its results before the next
+non-tool message (results that arrived after an interruption are moved up to their call),
+and a call that never got a result gets a synthetic error result, so a lost result or an
+abandoned run can never make the next request fail with a 400.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict
+
+from episodic.compaction import truncate_to_token_budget
+from episodic.errors import ConfigurationError
+from episodic.models import BoundaryEvent, Message, MessageEvent, StoredEvent
+from episodic.rendering import context_token_estimate
+from episodic.tokens import TokenEstimator
+
+if TYPE_CHECKING:
+    from cliver_core import CLIverMessage
+
+MISSING_RESULT_TEXT = (
+    "No result was recorded for this tool call: the run ended or was interrupted before the "
+    "tool answered. Treat the call as failed."
+)
+TOOL_RESULT_CUT_MARKER_NOTE = "[tool output cut when loading; the full text is in the log]"
+
+
+def missing_result(call_id: str, name: str | None) -> Message:
+    """The synthetic error result that pairs a call with no recorded result."""
+    return Message.tool_result(call_id, MISSING_RESULT_TEXT, name=name, is_error=True)
+
+
+class Context(BaseModel):
+    """A conversation's context, ready for an agent loop.
+
+    ``messages`` are the handoff (a user message) and the retained user messages when there is
+    a boundary, then every message after its cut; never a system message. Stored messages
+    carry ``seq``, ``created_at`` and ``token_estimate``; synthetic ones have ``seq=None``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    conversation_id: UUID
+    messages: tuple[Message, ...]
+    boundary: BoundaryEvent | None
+    estimated_tokens: int
+    last_seq: int
+
+    def to_openai(self, *, include_reasoning: bool = False) -> list[dict[str, Any]]:
+        """Chat-completions message dicts (prepend your system message)."""
+        return [m.to_openai(include_reasoning=include_reasoning) for m in self.messages]
+
+    def to_cliver(self) -> list[CLIverMessage]:
+        """``cliver_core.CLIverMessage`` objects for ``AgentCore.chat(conversation=...)``.
+        Needs the ``episodic[cliver]`` extra."""
+        try:
+            from cliver_core import CLIverMessage
+            from cliver_core.messages import ToolCall as CLIverToolCall
+        except ImportError as exc:
+            raise ConfigurationError(
+                "Context.to_cliver() needs cliver-core: pip install 'episodic[cliver]'"
+            ) from exc
+        out: list[CLIverMessage] = []
+        for message in self.messages:
+            wire = message.to_openai()
+            calls = [
+                CLIverToolCall(id=c.id, name=c.name, args=dict(c.args)) for c in message.tool_calls
+            ]
+            out.append(
+                CLIverMessage(
+                    id=f"{self.conversation_id}:{message.seq}"
+                    if message.seq is not None
+                    else f"{self.conversation_id}:synthetic:{len(out)}",
+                    role=message.role,
+                    content=wire["content"],
+                    tool_calls=calls or None,
+                    tool_call_id=message.tool_call_id,
+                )
+            )
+        return out
+
+
+def boundary_messages(boundary: BoundaryEvent) -> list[Message]:
+    """The handoff and the retained user messages a boundary contributes."""
+    first = Message.user(boundary.summary).as_stored(
+        seq=boundary.seq, created_at=boundary.created_at, token_estimate=boundary.token_estimate
+    )
+    return [first, *(Message.user(text) for text in boundary.retained)]
+
+
+def compose_context(
+    conversation_id: UUID,
+    *,
+    boundary: BoundaryEvent | None,
+    tail: Sequence[StoredEvent],
+    last_seq: int,
+    estimator: TokenEstimator,
+    max_tool_result_tokens: int | None = None,
+) -> Context:
+    """Build the context from the latest boundary (or none) and the events after its cut."""
+    messages: list[Message] = boundary_messages(boundary) if boundary is not None else []
+    # The boundary's stored estimate covers its handoff and retained messages together.
+    estimated = boundary.token_estimate if boundary is not None else 0
+    for message in _paired(tail):
+        if max_tool_result_tokens is not None and message.role == "tool":
+            message = _capped(message, max_tool_result_tokens, estimator)
+        if message.token_estimate is None:
+            message = message.model_copy(
+                update={"token_estimate": context_token_estimate(message, estimator)}
+            )
+        estimated += message.token_estimate or 0
+        messages.append(message)
+    return Context(
+        conversation_id=conversation_id,
+        messages=tuple(messages),
+        boundary=boundary,
+        estimated_tokens=estimated,
+        last_seq=last_seq,
+    )
+
+
+def _paired(tail: Sequence[StoredEvent]) -> list[Message]:
+    """Tail messages in order, each call group followed by all its results."""
+    body: list[Message] = []
+    # For each assistant message (by position in body), one slot per call, filled by the
+    # result that answers that call occurrence (ids may be reused once answered).
+    slots: dict[int, list[Message | None]] = {}
+    waiting: dict[str, tuple[int, int]] = {}
+    for event in tail:
+        if not isinstance(event, MessageEvent):
+            continue
+        message = event.message
+        if message.role == "system":
+            continue
+        if message.role == "tool":
+            place = waiting.pop(message.tool_call_id or "", None)
+            if place is not None:
+                slots[place[0]][place[1]] = message
+            # A result whose call is not in the tail cannot be placed; the safe cut rule
+            # means it does not happen, and a provider would refuse it, so it is left out.
+            continue
+        body.append(message)
+        if message.tool_calls:
+            index = len(body) - 1
+            slots[index] = [None] * len(message.tool_calls)
+            for position, call in enumerate(message.tool_calls):
+                waiting[call.id] = (index, position)
+    out: list[Message] = []
+    for index, message in enumerate(body):
+        out.append(message)
+        for position, result in enumerate(slots.get(index, ())):
+            if result is None:
+                call = message.tool_calls[position]
+                result = missing_result(call.id, call.name)
+            out.append(result)
+    return out
+
+
+def _capped(message: Message, max_tokens: int, estimator: TokenEstimator) -> Message:
+    if (message.token_estimate or 0) <= max_tokens:
+        return message
+    text = message.text
+    if estimator.count(text) <= max_tokens:
+        return message
+    cut = truncate_to_token_budget(text, max_tokens, estimator)
+    capped = message.model_copy(update={"content": f"{cut}\n{TOOL_RESULT_CUT_MARKER_NOTE}"})
+    return capped.model_copy(update={"token_estimate": context_token_estimate(capped, estimator)})
+
+
+__all__ = [
+    "MISSING_RESULT_TEXT",
+    "Context",
+    "boundary_messages",
+    "compose_context",
+    "missing_result",
+]

@@ -1,0 +1,194 @@
+"""Deciding a boundary write, shared by both backends.
+
+The backend locks the head, reads the events after the requested cut, and hands them here;
+this checks the write is still valid (expected boundary, lease, safe cut), builds the boundary
+event, and computes the head that follows. Nothing here touches the database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from pydantic import JsonValue
+
+from episodic.errors import ConflictError, LeaseLostError, UnsafeCutError, ValidationError
+from episodic.models import BoundaryEvent, Message, MessageEvent, RetentionMode, StoredEvent, Usage
+from episodic.rendering import context_token_estimate
+from episodic.store.batch import encode_json
+from episodic.store.projection import HeadCounters
+from episodic.tokens import TokenEstimator
+
+RETENTION_MODES: tuple[RetentionMode, ...] = ("recent_user_messages", "recent_turns")
+
+
+@dataclass(frozen=True, slots=True)
+class BoundaryRequest:
+    """What the caller of ``write_boundary`` asked for."""
+
+    summary: str
+    covers_through_seq: int
+    retained: tuple[str, ...]
+    reason: str
+    retention: RetentionMode
+    expected_boundary_seq: int | None
+    lease_token: UUID | None = None
+    usage: Usage | None = None
+    model: str | None = None
+    prompt_version: str | None = None
+    tokens_before: int | None = None
+    pressure: dict[str, JsonValue] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class HeadState:
+    """The locked head: its counters plus what fencing a boundary needs."""
+
+    tenant_id: str
+    counters: HeadCounters
+    lease_token: UUID | None
+    lease_expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class BoundaryWrite:
+    """The row to insert and the head to store."""
+
+    event: BoundaryEvent
+    payload: str
+    counters: HeadCounters
+
+
+def validate_request(request: BoundaryRequest) -> None:
+    """Checks that need no database, run before any SQL."""
+    if not isinstance(request.summary, str) or not request.summary.strip():
+        raise ValidationError("a boundary needs a non-empty summary", field="summary")
+    if request.retention not in RETENTION_MODES:
+        raise ValidationError(
+            f"retention must be one of {', '.join(RETENTION_MODES)}", field="retention"
+        )
+    if any(not isinstance(text, str) for text in request.retained):
+        raise ValidationError("retained must be a list of strings", field="retained")
+    if not isinstance(request.reason, str) or not request.reason:
+        raise ValidationError("a boundary needs a reason", field="reason")
+    covers = request.covers_through_seq
+    if isinstance(covers, bool) or not isinstance(covers, int) or covers < 1:
+        raise ValidationError("covers_through_seq must be a positive seq", field="covers")
+
+
+def plan_boundary(
+    conversation_id: UUID,
+    request: BoundaryRequest,
+    head: HeadState,
+    tail: Sequence[StoredEvent],
+    *,
+    now: datetime,
+    estimator: TokenEstimator,
+) -> BoundaryWrite:
+    """Check the write against the locked head and the events after the cut, and build it."""
+    counters = head.counters
+    if counters.boundary_seq != request.expected_boundary_seq:
+        raise ConflictError(
+            f"conversation {conversation_id} has boundary {counters.boundary_seq}, not the "
+            f"expected {request.expected_boundary_seq}: a newer boundary was written meanwhile. "
+            "Nothing was written; reload the context and summarize again.",
+            conversation_id=conversation_id,
+            expected_seq=request.expected_boundary_seq,
+            actual_seq=counters.boundary_seq,
+        )
+    if request.lease_token is not None and (
+        head.lease_token != request.lease_token
+        or head.lease_expires_at is None
+        or head.lease_expires_at <= now
+    ):
+        raise LeaseLostError(
+            f"the compaction lease on conversation {conversation_id} expired or was taken over; "
+            "the boundary was not written",
+            conversation_id=conversation_id,
+        )
+    _check_cut(conversation_id, request.covers_through_seq, counters, tail)
+
+    retained_tokens = sum(
+        context_token_estimate(Message.user(text), estimator) for text in request.retained
+    )
+    token_estimate = context_token_estimate(Message.user(request.summary), estimator)
+    token_estimate += retained_tokens
+    seq = counters.last_seq + 1
+    draft = BoundaryEvent(
+        conversation_id=conversation_id,
+        seq=seq,
+        created_at=now,
+        token_estimate=token_estimate,
+        summary=request.summary,
+        covers_through_seq=request.covers_through_seq,
+        retained=request.retained,
+        retention=request.retention,
+        reason=request.reason,
+        pressure=request.pressure,
+        usage=request.usage,
+        model=request.model,
+        prompt_version=request.prompt_version,
+        tokens_before=request.tokens_before,
+    )
+    after = counters.after_boundary(draft, tail)
+    event = draft.model_copy(update={"tokens_after": after.context_tokens})
+    return BoundaryWrite(event=event, payload=_payload(event), counters=after)
+
+
+def _payload(event: BoundaryEvent) -> str:
+    body: dict[str, Any] = event.model_dump(
+        mode="json", exclude={"conversation_id", "seq", "created_at", "token_estimate", "kind"}
+    )
+    return encode_json(body, what="boundary")
+
+
+def _check_cut(
+    conversation_id: UUID, covers: int, counters: HeadCounters, tail: Sequence[StoredEvent]
+) -> None:
+    def refuse(why: str) -> UnsafeCutError:
+        return UnsafeCutError(
+            f"cannot write a boundary through seq {covers} in conversation {conversation_id}: "
+            f"{why}",
+            conversation_id=conversation_id,
+            covers_through_seq=covers,
+        )
+
+    if covers > counters.last_seq:
+        raise refuse(f"the log ends at seq {counters.last_seq}")
+    if covers < counters.covers_through_seq:
+        raise refuse(f"the latest boundary already covers through {counters.covers_through_seq}")
+    waiting = sorted(
+        (seq, call_id) for call_id, seq in counters.open_tool_calls.items() if seq <= covers
+    )
+    if waiting:
+        seq, call_id = waiting[0]
+        raise refuse(
+            f"tool call {call_id!r} at seq {seq} still waits for its result; cut before it, or "
+            "mark_run_completed() to close it as abandoned"
+        )
+    called: set[str] = set()
+    for event in tail:
+        if not isinstance(event, MessageEvent):
+            continue
+        message = event.message
+        called.update(call.id for call in message.tool_calls)
+        if message.tool_call_id is not None:
+            if message.tool_call_id not in called:
+                raise refuse(
+                    f"the result at seq {event.seq} answers tool call "
+                    f"{message.tool_call_id!r} made before the cut"
+                )
+            called.discard(message.tool_call_id)
+
+
+__all__ = [
+    "RETENTION_MODES",
+    "BoundaryRequest",
+    "BoundaryWrite",
+    "HeadState",
+    "plan_boundary",
+    "validate_request",
+]
