@@ -8,7 +8,9 @@ from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from episodic.errors import EpisodicError
 from episodic.models import BoundaryEvent, MessageEvent, RunCompletedEvent, StoredEvent
@@ -30,7 +32,7 @@ DatabaseUrlOption = Annotated[
         "--database-url",
         envvar="EPISODIC_DATABASE_URL",
         show_envvar=True,
-        help="postgresql+asyncpg://... or sqlite+aiosqlite:///file.db [default: ./episodic.db]",
+        help="postgresql+asyncpg://... or sqlite+aiosqlite:///file.db \\[default: ./episodic.db]",
     ),
 ]
 
@@ -47,7 +49,7 @@ def _run(work: Callable[[EpisodicStore], Awaitable[T]], database_url: str | None
     try:
         return asyncio.run(main())
     except EpisodicError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from exc
 
 
@@ -77,7 +79,7 @@ def show(
         head = await store.get_conversation(conversation_id)
         events = await store.read_events(conversation_id, after_seq=after_seq, limit=limit)
         console.print(
-            f"[bold]{head.conversation_id}[/bold]  tenant={head.tenant_id}  "
+            f"[bold]{head.conversation_id}[/bold]  tenant={escape(head.tenant_id)}  "
             f"last_seq={head.last_seq}  context≈{head.context_tokens:,} tokens  "
             f"user messages={head.total_user_messages}  "
             f"open tool calls={len(head.open_tool_calls)}"
@@ -91,7 +93,7 @@ def show(
                 event.created_at.strftime("%Y-%m-%d %H:%M:%S"),
                 _kind(event),
                 str(event.token_estimate),
-                _describe(event)[:width],
+                Text(_describe(event)[:width]),
             )
         console.print(table)
 

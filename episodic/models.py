@@ -215,11 +215,14 @@ class Message(BaseModel):
 
     def stored_fields(self) -> dict[str, Any]:
         """The fields that go into the log, without defaults and without what the store sets."""
-        return self.model_dump(
+        # Not exclude_defaults: it would also drop each content block's ``type``, the tag
+        # that tells the block kinds apart when the payload is read back.
+        dumped = self.model_dump(
             mode="json",
-            exclude_defaults=True,
+            exclude_none=True,
             exclude={"seq", "created_at", "token_estimate"},
         )
+        return {key: value for key, value in dumped.items() if value not in ([], {}, False)}
 
     def as_stored(self, *, seq: int, created_at: datetime, token_estimate: int) -> Message:
         return self.model_copy(
@@ -288,7 +291,9 @@ class Message(BaseModel):
             fields["tool_calls"] = tuple(_tool_call_from_openai(call) for call in raw_calls)
         if role == "tool":
             fields["tool_call_id"] = extra.pop("tool_call_id", None)
-            fields["name"] = tool_name if tool_name is not None else extra.pop("name", None)
+            # chat-completions tool messages carry no name; one that came in the dict stays
+            # in ``native`` too, so it is given back.
+            fields["name"] = tool_name if tool_name is not None else extra.get("name")
         elif "name" in extra:
             fields["name"] = extra.pop("name")
         reasoning = extra.pop("reasoning_content", None)
@@ -365,7 +370,11 @@ def _tool_call_from_openai(call: Any) -> ToolCall:
     arguments = function.get("arguments", "")
     args: dict[str, Any] = {}
     keep_text: str | None = arguments if isinstance(arguments, str) else None
-    if isinstance(arguments, str):
+    if isinstance(arguments, dict):
+        args = arguments  # some compatible servers send an object, not a JSON string
+    elif not isinstance(arguments, str):
+        raise ValidationError("tool call arguments must be a JSON string", field="tool_calls")
+    else:
         try:
             parsed = orjson.loads(arguments) if arguments else {}
         except orjson.JSONDecodeError:
@@ -374,9 +383,12 @@ def _tool_call_from_openai(call: Any) -> ToolCall:
             args = parsed
             if orjson.dumps(parsed).decode() == arguments:
                 keep_text = None
-    return ToolCall(
-        id=call["id"], name=function.get("name", ""), args=args, arguments_json=keep_text
-    )
+    try:
+        return ToolCall(
+            id=call["id"], name=function.get("name", ""), args=args, arguments_json=keep_text
+        )
+    except ValueError as exc:
+        raise ValidationError(f"not a valid tool call: {exc}", field="tool_calls") from exc
 
 
 # ---- the log ----------------------------------------------------------------------------

@@ -304,3 +304,41 @@ async def test_create_conversation_with_a_given_id(store: EpisodicStore) -> None
         await store.create_conversation(tenant_id="")
     with pytest.raises(NotFoundError):
         await store.read_events(uuid4())
+
+
+async def test_every_message_shape_reads_back_as_written(store: EpisodicStore) -> None:
+    from episodic import ImageBlock, TextBlock
+    from episodic.models import NativePayload, RawBlock
+
+    conv = await store.create_conversation()
+    written = [
+        Message.user(
+            (
+                TextBlock(text="what is in this picture?"),
+                ImageBlock(url="data:image/png;base64,AAAA", detail="low", alt="a cat"),
+                RawBlock(data={"type": "input_audio", "input_audio": {"data": "UklGR"}}),
+            ),
+            client_id="u-1",
+            metadata={"lang": "en"},
+        ),
+        Message.assistant(
+            "Looking.",
+            tool_calls=[
+                ToolCall(
+                    id="v1", name="vision", args={"q": "cat?"}, arguments_json='{"q" : "cat?"}'
+                )
+            ],
+            reasoning="The user wants a description.",
+            native=NativePayload(protocol="anthropic", data={"signature": "opaque"}),
+        ),
+        Message.tool_result("v1", "a tabby cat \x00 on a mat ✓ 🐈", name="vision", is_error=False),
+        Message.system("be brief"),
+    ]
+    await store.append(conv, written)
+    events = await store.read_events(conv)
+    read = [
+        e.message.model_copy(update={"seq": None, "created_at": None, "token_estimate": None})
+        for e in events
+        if isinstance(e, MessageEvent)
+    ]
+    assert read == written

@@ -1,0 +1,251 @@
+"""The installed ``episodic`` console script, run as a subprocess against real databases."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+
+from episodic import EpisodicStore, Message, ToolCall
+from tests.conftest import isolated_settings
+
+EPISODIC = Path(sys.executable).parent / "episodic"
+HEADER = ["seq", "at", "kind", "tokens", "content"]
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without EPISODIC_* variables, wide enough that rich does
+    not wrap, and UTF-8 output whatever the locale."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EPISODIC_")}
+    env.update(COLUMNS="200", PYTHONIOENCODING="utf-8", **extra)
+    return env
+
+
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> Result:
+    # cwd is a fresh directory so no ./.env or ./episodic.db leaks into (or out of) the run.
+    done = subprocess.run(
+        [str(EPISODIC), *args],
+        cwd=cwd,
+        env=clean_env() if env is None else env,
+        capture_output=True,
+        encoding="utf-8",
+        timeout=120,
+        check=False,
+    )
+    return Result(done.returncode, done.stdout, done.stderr)
+
+
+async def run_cli_async(*args: str, cwd: Path, env: dict[str, str] | None = None) -> Result:
+    return await asyncio.to_thread(run_cli, *args, cwd=cwd, env=env)
+
+
+def table_rows(stdout: str) -> list[list[str]]:
+    """The cells of each row of the events table, header included."""
+    rows = []
+    for line in stdout.splitlines():
+        if line[:1] in ("┃", "│"):  # rich draws the header with heavy bars
+            bar = line[0]
+            rows.append([cell.strip() for cell in line.strip().strip(bar).split(bar)])
+    return rows
+
+
+def test_console_script_is_installed() -> None:
+    assert EPISODIC.is_file(), f"{EPISODIC} is missing: is the package installed in the venv?"
+
+
+def test_help_lists_the_commands(tmp_path: Path) -> None:
+    result = run_cli("--help", cwd=tmp_path)
+    assert result.code == 0, result.output
+    assert "migrate" in result.stdout
+    assert "show" in result.stdout
+    assert "append-only" in result.stdout
+
+
+def test_show_help_names_the_environment_variable(tmp_path: Path) -> None:
+    result = run_cli("show", "--help", cwd=tmp_path)
+    assert result.code == 0, result.output
+    assert "EPISODIC_DATABASE_URL" in result.stdout
+    assert "--database-url" in result.stdout
+    assert "--after-seq" in result.stdout
+
+
+def test_migrate_creates_the_schema(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    url = f"sqlite+aiosqlite:///{path}"
+
+    first = run_cli("migrate", "--database-url", url, cwd=tmp_path)
+    assert first.code == 0, first.output
+    assert "schema is up to date" in first.stdout
+    assert path.is_file()
+
+    again = run_cli("migrate", "--database-url", url, cwd=tmp_path)
+    assert again.code == 0, again.output
+
+    async def use() -> int:
+        store = await EpisodicStore.open(url, settings=isolated_settings())
+        try:
+            cid = await store.create_conversation()
+            events = await store.append(cid, [Message.user("hello")])
+            return events[0].seq
+        finally:
+            await store.close()
+
+    assert asyncio.run(use()) == 1
+
+
+def test_show_before_migrate_says_to_migrate(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}"
+    result = run_cli("show", str(uuid.uuid4()), "--database-url", url, cwd=tmp_path)
+    assert result.code == 1, result.output
+    assert "episodic migrate" in result.stdout
+    assert "Traceback" not in result.output
+
+
+# ---- show, on both backends ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Populated:
+    url: str
+    conversation_id: UUID
+    token_estimates: list[int]
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """An empty directory to run the CLI in (the sqlite fixture's file lives in tmp_path)."""
+    path = tmp_path / "cwd"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+async def populated(database_url: str) -> Populated:
+    """A conversation with a user turn, a tool call and its result, an answer, and a completed
+    run (seqs 1-5), written through the library."""
+    store = await EpisodicStore.open(database_url, settings=isolated_settings())
+    try:
+        cid = await store.create_conversation(tenant_id="acme")
+        written = await store.append(cid, [Message.user("Fix the failing test, s'il vous plaît")])
+        written += await store.append(
+            cid,
+            [
+                Message.assistant(
+                    None, tool_calls=[ToolCall(id="c1", name="run", args={"cmd": "pytest"})]
+                ),
+                Message.tool_result("c1", "1 failed", name="run"),
+            ],
+        )
+        written += await store.append(cid, [Message.assistant("Fixed it. 🎉")])
+        completed = await store.mark_run_completed(cid)
+    finally:
+        await store.close()
+    assert [e.seq for e in written] + [completed.seq] == [1, 2, 3, 4, 5]
+    estimates = [e.token_estimate for e in written] + [completed.token_estimate]
+    return Populated(database_url, cid, estimates)
+
+
+async def test_migrate_is_idempotent_on_a_migrated_database(
+    populated: Populated, workdir: Path
+) -> None:
+    result = await run_cli_async("migrate", "--database-url", populated.url, cwd=workdir)
+    assert result.code == 0, result.output
+    assert "schema is up to date" in result.stdout
+
+
+async def test_show_prints_head_and_events(populated: Populated, workdir: Path) -> None:
+    cid = str(populated.conversation_id)
+    result = await run_cli_async("show", cid, "--database-url", populated.url, cwd=workdir)
+    assert result.code == 0, result.output
+
+    head = result.stdout.splitlines()[0]
+    assert head.startswith(cid)
+    assert "tenant=acme" in head
+    assert "last_seq=5" in head
+    assert "user messages=1" in head
+    assert "open tool calls=0" in head
+
+    rows = table_rows(result.stdout)
+    assert rows[0] == HEADER
+    events = rows[1:]
+    assert [row[0] for row in events] == ["1", "2", "3", "4", "5"]
+    assert [row[2] for row in events] == ["user", "assistant", "tool", "assistant", "run_completed"]
+    assert [int(row[3]) for row in events] == populated.token_estimates
+    assert [row[4] for row in events] == [
+        "Fix the failing test, s'il vous plaît",
+        'calls run#c1({"cmd":"pytest"})',
+        "result #c1 run ok: 1 failed",
+        "Fixed it. 🎉",
+        "run completed; abandoned calls: none",
+    ]
+
+
+async def test_show_pages_and_cuts(populated: Populated, workdir: Path) -> None:
+    result = await run_cli_async(
+        "show",
+        str(populated.conversation_id),
+        "--database-url",
+        populated.url,
+        "--after-seq",
+        "2",
+        "--limit",
+        "2",
+        "--width",
+        "6",
+        cwd=workdir,
+    )
+    assert result.code == 0, result.output
+    events = table_rows(result.stdout)[1:]
+    assert [(row[0], row[4]) for row in events] == [("3", "result"), ("4", "Fixed")]
+
+
+async def test_show_reads_the_url_from_the_environment(populated: Populated, workdir: Path) -> None:
+    env = clean_env(EPISODIC_DATABASE_URL=populated.url)
+    result = await run_cli_async("show", str(populated.conversation_id), cwd=workdir, env=env)
+    assert result.code == 0, result.output
+    assert [row[0] for row in table_rows(result.stdout)[1:]] == ["1", "2", "3", "4", "5"]
+    assert not (workdir / "episodic.db").exists(), "the default database was opened instead"
+
+
+async def test_show_unknown_conversation(populated: Populated, workdir: Path) -> None:
+    missing = str(uuid.uuid4())
+    result = await run_cli_async("show", missing, "--database-url", populated.url, cwd=workdir)
+    assert result.code == 1, result.output
+    assert "does not exist" in result.stdout
+    assert missing in result.stdout
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        pytest.param(["not-a-uuid"], "must be a UUID", id="not-a-uuid"),
+        pytest.param(["{id}", "--limit", "0"], "limit must be between", id="zero-limit"),
+    ],
+)
+async def test_show_refuses_bad_input(
+    populated: Populated, workdir: Path, args: list[str], complaint: str
+) -> None:
+    args = [a.format(id=populated.conversation_id) for a in args]
+    result = await run_cli_async("show", *args, "--database-url", populated.url, cwd=workdir)
+    assert result.code == 1, result.output
+    assert complaint in result.stdout
+    assert "Traceback" not in result.output
