@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from episodic.errors import EpisodicError
-from episodic.models import BoundaryEvent, MessageEvent, RunCompletedEvent, StoredEvent
+from episodic.models import BoundaryEvent, Message, MessageEvent, RunCompletedEvent, StoredEvent
 from episodic.settings import EpisodicSettings
 from episodic.store import EpisodicStore
 
@@ -72,10 +72,20 @@ def show(
     after_seq: Annotated[int, typer.Option(help="Show events after this seq.")] = 0,
     limit: Annotated[int, typer.Option(help="Show at most this many events.")] = 200,
     width: Annotated[int, typer.Option(help="Characters of each event to show.")] = 160,
+    context: Annotated[
+        bool, typer.Option("--context", help="Show what the model would see: load_context().")
+    ] = False,
+    max_tool_result_tokens: Annotated[
+        int | None, typer.Option(help="With --context: cut longer tool results, as at load.")
+    ] = None,
 ) -> None:
-    """Print a conversation's head counters and its events."""
+    """Print a conversation's head counters and its events, or with --context the messages
+    the next request would load, with token counts."""
 
     async def work(store: EpisodicStore) -> None:
+        if context:
+            await _print_context(store, conversation_id, width, max_tool_result_tokens)
+            return
         head = await store.get_conversation(conversation_id)
         events = await store.read_events(conversation_id, after_seq=after_seq, limit=limit)
         console.print(
@@ -100,6 +110,40 @@ def show(
     _run(work, database_url)
 
 
+async def _print_context(
+    store: EpisodicStore, conversation_id: str, width: int, max_tool_result_tokens: int | None
+) -> None:
+    ctx = await store.load_context(conversation_id, max_tool_result_tokens=max_tool_result_tokens)
+    pressure = await store.pressure(conversation_id)
+    if ctx.boundary is not None:
+        b = ctx.boundary
+        console.print(
+            f"boundary at seq {b.seq} covers through seq {b.covers_through_seq} "
+            f"(reason {escape(b.reason)}, {b.retention}, {len(b.retained)} retained)"
+        )
+    else:
+        console.print("no boundary: the context is the whole history")
+    console.print(
+        f"{len(ctx.messages)} messages, ≈{ctx.estimated_tokens:,} tokens; log at seq "
+        f"{ctx.last_seq}; pressure estimate ≈{pressure.estimated_context_tokens or 0:,} tokens"
+    )
+    table = Table()
+    for column in ("#", "seq", "role", "tokens", "content"):
+        table.add_column(column, overflow="fold")
+    for index, message in enumerate(ctx.messages):
+        seq = "synthetic" if message.seq is None else str(message.seq)
+        if ctx.boundary is not None and index <= len(ctx.boundary.retained):
+            seq = "handoff" if index == 0 else "retained"
+        table.add_row(
+            str(index),
+            seq,
+            message.role,
+            str(message.token_estimate or 0),
+            Text(_describe_message(message)[:width]),
+        )
+    console.print(table)
+
+
 def _kind(event: StoredEvent) -> str:
     if isinstance(event, MessageEvent):
         return event.message.role
@@ -108,23 +152,24 @@ def _kind(event: StoredEvent) -> str:
 
 def _describe(event: StoredEvent) -> str:
     if isinstance(event, MessageEvent):
-        message = event.message
-        parts = [message.text] if message.text else []
-        if message.tool_calls:
-            parts.append(
-                "calls "
-                + ", ".join(f"{c.name}#{c.id}({c.arguments_text()})" for c in message.tool_calls)
-            )
-        if message.role == "tool":
-            status = "error" if message.is_error else "ok"
-            parts.insert(0, f"result #{message.tool_call_id} {message.name or ''} {status}:")
-        return " ".join(parts).replace("\n", " ")
+        return _describe_message(event.message)
     if isinstance(event, RunCompletedEvent):
         abandoned = ", ".join(event.abandoned_tool_call_ids) or "none"
         return f"run completed; abandoned calls: {abandoned}"
     if isinstance(event, BoundaryEvent):
         return f"boundary through seq {event.covers_through_seq} ({event.reason}): {event.summary}"
     return ""
+
+
+def _describe_message(message: Message) -> str:
+    parts = [message.text] if message.text else []
+    if message.tool_calls:
+        calls = ", ".join(f"{c.name}#{c.id}({c.arguments_text()})" for c in message.tool_calls)
+        parts.append(f"calls {calls}")
+    if message.role == "tool":
+        status = "error" if message.is_error else "ok"
+        parts.insert(0, f"result #{message.tool_call_id} {message.name or ''} {status}:")
+    return " ".join(parts).replace("\n", " ")
 
 
 def main() -> None:

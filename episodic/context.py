@@ -88,10 +88,19 @@ class Context(BaseModel):
 
 def boundary_messages(boundary: BoundaryEvent) -> list[Message]:
     """The handoff and the retained user messages a boundary contributes."""
+    retained_tokens = boundary.retained_token_estimates
+    if len(retained_tokens) != len(boundary.retained):
+        retained_tokens = (0,) * len(boundary.retained)
     first = Message.user(boundary.summary).as_stored(
-        seq=boundary.seq, created_at=boundary.created_at, token_estimate=boundary.token_estimate
+        seq=boundary.seq,
+        created_at=boundary.created_at,
+        token_estimate=boundary.token_estimate - sum(retained_tokens),
     )
-    return [first, *(Message.user(text) for text in boundary.retained)]
+    retained = [
+        Message.user(text).model_copy(update={"token_estimate": tokens})
+        for text, tokens in zip(boundary.retained, retained_tokens, strict=True)
+    ]
+    return [first, *retained]
 
 
 def compose_context(

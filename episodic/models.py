@@ -430,6 +430,8 @@ class BoundaryEvent(_EventBase):
     summary: str
     covers_through_seq: int
     retained: tuple[str, ...] = ()
+    #: the estimate of each retained message; ``token_estimate`` covers them and the handoff
+    retained_token_estimates: tuple[int, ...] = ()
     retention: RetentionMode = "recent_user_messages"
     reason: str
     pressure: dict[str, JsonValue] = Field(default_factory=dict)

@@ -111,11 +111,11 @@ def plan_boundary(
         )
     _check_cut(conversation_id, request.covers_through_seq, counters, tail)
 
-    retained_tokens = sum(
+    retained_tokens = tuple(
         context_token_estimate(Message.user(text), estimator) for text in request.retained
     )
     token_estimate = context_token_estimate(Message.user(request.summary), estimator)
-    token_estimate += retained_tokens
+    token_estimate += sum(retained_tokens)
     seq = counters.last_seq + 1
     draft = BoundaryEvent(
         conversation_id=conversation_id,
@@ -125,6 +125,7 @@ def plan_boundary(
         summary=request.summary,
         covers_through_seq=request.covers_through_seq,
         retained=request.retained,
+        retained_token_estimates=retained_tokens,
         retention=request.retention,
         reason=request.reason,
         pressure=request.pressure,

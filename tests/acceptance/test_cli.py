@@ -249,3 +249,37 @@ async def test_show_refuses_bad_input(
     assert result.code == 1, result.output
     assert complaint in result.stdout
     assert "Traceback" not in result.output
+
+
+async def test_show_context_prints_what_the_model_sees(populated: Populated, workdir: Path) -> None:
+    store = await EpisodicStore.open(populated.url, settings=isolated_settings())
+    try:
+        await store.write_boundary(
+            populated.conversation_id,
+            summary="HANDOFF: the test was fixed",
+            covers_through_seq=4,
+            retained=["Fix the failing test, s'il vous plaît"],
+            reason="manual_recovery",
+            expected_boundary_seq=None,
+        )
+        await store.append(populated.conversation_id, [Message.user("now the docs")])
+        expected = await store.load_context(populated.conversation_id)
+    finally:
+        await store.close()
+    cid = str(populated.conversation_id)
+    result = await run_cli_async(
+        "show", cid, "--context", "--database-url", populated.url, cwd=workdir
+    )
+    assert result.code == 0, result.output
+    assert "boundary at seq 6 covers through seq 4 (reason manual_recovery" in result.stdout
+    assert f"{len(expected.messages)} messages, ≈{expected.estimated_tokens:,} tokens" in (
+        result.stdout
+    )
+    rows = table_rows(result.stdout)[1:]
+    assert [row[1] for row in rows] == ["handoff", "retained", "7"]
+    assert [row[4] for row in rows] == [
+        "HANDOFF: the test was fixed",
+        "Fix the failing test, s'il vous plaît",
+        "now the docs",
+    ]
+    assert [int(row[3]) for row in rows] == [m.token_estimate for m in expected.messages]
