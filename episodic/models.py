@@ -466,6 +466,16 @@ class Conversation(BaseModel):
     usage_input_tokens: int | None
     tokens_since_usage: int
     open_tool_calls: dict[str, int]
+    boundary_at: datetime | None = None
+    #: compaction state: due since when and why, the worker's lease, failures so far
+    due_since: datetime | None = None
+    due_reason: str | None = None
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
+    compaction_attempts: int = 0
+    next_attempt_at: datetime | None = None
+    last_error: str | None = None
+    dead_since: datetime | None = None
 
 
 __all__ = [

@@ -12,10 +12,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
-from episodic.models import Conversation
 from episodic.store.engine import sqlalchemy_url
-from episodic.store.projection import HeadCounters
+from episodic.store.projection import counters_of
 from episodic.store.schema import metadata
+
+__all__ = ["RoundTripCounter", "counters_of", "execute_raw", "snapshot"]
 
 TABLES = ("episodic_conversations", "episodic_events", "episodic_compaction_attempts")
 
@@ -113,20 +114,3 @@ class RoundTripCounter:
             pass
         finally:
             writer.close()
-
-
-def counters_of(head: Conversation) -> HeadCounters:
-    """The log-derived counters of a stored head, to compare with ``rebuild_head``."""
-    return HeadCounters(
-        last_seq=head.last_seq,
-        boundary_seq=head.boundary_seq,
-        covers_through_seq=head.covers_through_seq,
-        total_user_messages=head.total_user_messages,
-        user_messages_since_boundary=head.user_messages_since_boundary,
-        run_completed_since_boundary=head.run_completed_since_boundary,
-        user_messages_since_run_completed=head.user_messages_since_run_completed,
-        context_tokens=head.context_tokens,
-        usage_input_tokens=head.usage_input_tokens,
-        tokens_since_usage=head.tokens_since_usage,
-        open_tool_calls=head.open_tool_calls,
-    )

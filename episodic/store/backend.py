@@ -10,6 +10,7 @@ from typing import Any, Literal, Protocol
 from uuid import UUID
 
 from episodic.models import Conversation, StoredEvent
+from episodic.policy import EpisodicCompactionConfig
 from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite, HeadState
 
@@ -61,11 +62,18 @@ class Backend(Protocol):
         ...
 
     async def append(
-        self, conversation_id: UUID, batch: PreparedBatch, expected_seq: int | None
-    ) -> WriteOutcome: ...
+        self,
+        conversation_id: UUID,
+        batch: PreparedBatch,
+        expected_seq: int | None,
+        trigger: EpisodicCompactionConfig,
+    ) -> WriteOutcome:
+        """Append the batch and, in the same transaction, mark the conversation due when
+        ``trigger`` (with the conversation's overrides) fires on the new head."""
+        ...
 
     async def mark_run_completed(
-        self, conversation_id: UUID, tokens_per_abandoned: int
+        self, conversation_id: UUID, tokens_per_abandoned: int, trigger: EpisodicCompactionConfig
     ) -> WriteOutcome: ...
 
     async def write_boundary(

@@ -169,7 +169,20 @@ def decode_conversation(row: Mapping[str, Any]) -> Conversation:
         usage_input_tokens=row["usage_input_tokens"],
         tokens_since_usage=row["tokens_since_usage"],
         open_tool_calls=json_value(row["open_tool_calls"]),
+        boundary_at=_utc_or_none(row["boundary_at"]),
+        due_since=_utc_or_none(row["due_since"]),
+        due_reason=row["due_reason"],
+        lease_owner=row["lease_owner"],
+        lease_expires_at=_utc_or_none(row["lease_expires_at"]),
+        compaction_attempts=row["compaction_attempts"],
+        next_attempt_at=_utc_or_none(row["next_attempt_at"]),
+        last_error=row["last_error"],
+        dead_since=_utc_or_none(row["dead_since"]),
     )
+
+
+def _utc_or_none(value: datetime | None) -> datetime | None:
+    return utc(value) if value is not None else None
 
 
 __all__ = [

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from episodic.models import Conversation, StoredEvent
+from episodic.policy import EpisodicCompactionConfig
 from episodic.store.backend import LoadedTail, PlanBoundary, WriteOutcome
 from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite
@@ -27,11 +28,13 @@ from episodic.store.translate import translated_errors
 
 APPEND = """
 SELECT o_outcome, o_seq, o_created_at, o_detail
-  FROM episodic_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+  FROM episodic_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                       $16, $17, $18, $19)
 """
 
 MARK_RUN_COMPLETED = """
-SELECT o_outcome, o_seq, o_created_at, o_detail FROM episodic_mark_run_completed($1, $2)
+SELECT o_outcome, o_seq, o_created_at, o_detail
+  FROM episodic_mark_run_completed($1, $2, $3, $4, $5, $6)
 """
 
 CREATE_CONVERSATION = """
@@ -84,7 +87,7 @@ UPDATE episodic_conversations SET
     usage_input_tokens = NULL, tokens_since_usage = 0,
     due_since = NULL, due_reason = NULL, lease_owner = NULL, lease_token = NULL,
     lease_expires_at = NULL, compaction_attempts = 0, next_attempt_at = NULL,
-    last_error = NULL, dead_since = NULL
+    last_error = NULL, dead_since = NULL, boundary_at = $9
  WHERE conversation_id = $1
 """
 
@@ -148,7 +151,11 @@ class PostgresBackend:
         return bool(status == "INSERT 0 1")
 
     async def append(
-        self, conversation_id: UUID, batch: PreparedBatch, expected_seq: int | None
+        self,
+        conversation_id: UUID,
+        batch: PreparedBatch,
+        expected_seq: int | None,
+        trigger: EpisodicCompactionConfig,
     ) -> WriteOutcome:
         with translated_errors():
             row = await self._pool.fetchrow(
@@ -168,15 +175,16 @@ class PostgresBackend:
                 batch.opened_ids,
                 batch.opened_offsets,
                 batch.closed_ids,
+                *_thresholds(trigger),
             )
         return _outcome(row)
 
     async def mark_run_completed(
-        self, conversation_id: UUID, tokens_per_abandoned: int
+        self, conversation_id: UUID, tokens_per_abandoned: int, trigger: EpisodicCompactionConfig
     ) -> WriteOutcome:
         with translated_errors():
             row = await self._pool.fetchrow(
-                MARK_RUN_COMPLETED, conversation_id, tokens_per_abandoned
+                MARK_RUN_COMPLETED, conversation_id, tokens_per_abandoned, *_thresholds(trigger)
             )
         return _outcome(row)
 
@@ -211,6 +219,7 @@ class PostgresBackend:
                     after.run_completed_since_boundary,
                     after.user_messages_since_run_completed,
                     after.context_tokens,
+                    event.created_at,
                 )
         return write
 
@@ -239,6 +248,15 @@ class PostgresBackend:
 
     async def close(self) -> None:
         await self._pool.close()
+
+
+def _thresholds(trigger: EpisodicCompactionConfig) -> tuple[int | None, int, int, int]:
+    return (
+        trigger.trigger_context_tokens,
+        trigger.trigger_unfinished_turns,
+        trigger.trigger_age_days,
+        trigger.trigger_age_turn_count,
+    )
 
 
 def _outcome(row: Any) -> WriteOutcome:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from episodic.context import missing_result
 from episodic.models import (
     BoundaryEvent,
+    Conversation,
     Message,
     MessageEvent,
     RunCompletedEvent,
@@ -122,6 +123,23 @@ class HeadCounters:
         )
 
 
+def counters_of(head: Conversation) -> HeadCounters:
+    """The log-derived counters of a stored head."""
+    return HeadCounters(
+        last_seq=head.last_seq,
+        boundary_seq=head.boundary_seq,
+        covers_through_seq=head.covers_through_seq,
+        total_user_messages=head.total_user_messages,
+        user_messages_since_boundary=head.user_messages_since_boundary,
+        run_completed_since_boundary=head.run_completed_since_boundary,
+        user_messages_since_run_completed=head.user_messages_since_run_completed,
+        context_tokens=head.context_tokens,
+        usage_input_tokens=head.usage_input_tokens,
+        tokens_since_usage=head.tokens_since_usage,
+        open_tool_calls=head.open_tool_calls,
+    )
+
+
 def rebuild_head(events: Iterable[StoredEvent]) -> HeadCounters:
     """Fold the log, oldest first, into head counters."""
     head = HeadCounters()
@@ -146,5 +164,6 @@ def rebuild_head(events: Iterable[StoredEvent]) -> HeadCounters:
 __all__ = [
     "HeadCounters",
     "abandoned_result_tokens",
+    "counters_of",
     "rebuild_head",
 ]

@@ -13,6 +13,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Index,
     Integer,
     MetaData,
     Table,
@@ -78,6 +79,16 @@ conversations = Table(
     Column("next_attempt_at", Timestamp, nullable=True),
     Column("last_error", Text(), nullable=True),
     Column("dead_since", Timestamp, nullable=True),
+    # When the latest boundary was written: the age the age_and_turns rule measures is that
+    # of the current context, so an old conversation just compacted is not due again at once.
+    Column("boundary_at", Timestamp, nullable=True),
+    # The worker's queue: conversations due for compaction, by when they may next be tried.
+    Index(
+        "ix_episodic_conversations_due",
+        "next_attempt_at",
+        postgresql_where=text("due_since IS NOT NULL AND dead_since IS NULL"),
+        sqlite_where=text("due_since IS NOT NULL AND dead_since IS NULL"),
+    ),
 )
 
 events = Table(

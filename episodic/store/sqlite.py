@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import StaticPool
 
 from episodic.models import Conversation, StoredEvent
+from episodic.policy import EpisodicCompactionConfig
 from episodic.store.backend import LoadedTail, PlanBoundary, WriteOutcome
 from episodic.store.batch import PreparedBatch, encode_json
 from episodic.store.boundaries import BoundaryWrite
@@ -32,7 +33,9 @@ from episodic.store.codec import (
     decode_event_row,
     decode_head_state,
     json_value,
+    utc,
 )
+from episodic.store.due import due_reason
 from episodic.store.engine import DatabaseUrl
 from episodic.store.migrate import upgrade_to_head
 from episodic.store.projection import HeadCounters
@@ -112,7 +115,11 @@ class SqliteBackend:
         return True
 
     async def append(
-        self, conversation_id: UUID, batch: PreparedBatch, expected_seq: int | None
+        self,
+        conversation_id: UUID,
+        batch: PreparedBatch,
+        expected_seq: int | None,
+        trigger: EpisodicCompactionConfig,
     ) -> WriteOutcome:
         # The same checks, in the same order, as the PostgreSQL function episodic_append.
         with translated_errors():
@@ -191,11 +198,13 @@ class SqliteBackend:
                         }
                     )
                 await conn.execute(insert(events), rows)
-                await _save_counters(conn, conversation_id, counters)
+                await _save_counters(
+                    conn, conversation_id, counters, **_due_state(head, counters, trigger, now)
+                )
                 return WriteOutcome("appended", seq=last_seq + 1, created_at=now)
 
     async def mark_run_completed(
-        self, conversation_id: UUID, tokens_per_abandoned: int
+        self, conversation_id: UUID, tokens_per_abandoned: int, trigger: EpisodicCompactionConfig
     ) -> WriteOutcome:
         with translated_errors():
             async with self._write() as conn:
@@ -221,7 +230,9 @@ class SqliteBackend:
                     )
                 )
                 counters = counters.after_run_completed(seq=seq, token_estimate=tokens)
-                await _save_counters(conn, conversation_id, counters)
+                await _save_counters(
+                    conn, conversation_id, counters, **_due_state(head, counters, trigger, now)
+                )
                 return WriteOutcome(
                     "appended", seq=seq, created_at=now, detail=encode_json(abandoned, what="ids")
                 )
@@ -249,7 +260,11 @@ class SqliteBackend:
                     )
                 )
                 await _save_counters(
-                    conn, conversation_id, write.counters, **CLEARED_COMPACTION_STATE
+                    conn,
+                    conversation_id,
+                    write.counters,
+                    **CLEARED_COMPACTION_STATE,
+                    boundary_at=event.created_at,
                 )
         return write
 
@@ -298,6 +313,34 @@ async def _save_counters(
         .where(conversations.c.conversation_id == conversation_id)
         .values(**counter_values(counters), **extra)
     )
+
+
+def _due_state(
+    head: Mapping[str, Any],
+    counters: HeadCounters,
+    trigger: EpisodicCompactionConfig,
+    now: datetime,
+) -> dict[str, Any]:
+    """The columns that mark the conversation due, as episodic_mark_due does on PostgreSQL."""
+    if head["due_since"] is not None or head["dead_since"] is not None:
+        return {}
+    reason = due_reason(
+        counters,
+        created_at=utc(head["created_at"]),
+        boundary_at=utc(head["boundary_at"]) if head["boundary_at"] is not None else None,
+        metadata=json_value(head["metadata"]),
+        default=trigger,
+        now=now,
+    )
+    if reason is None:
+        return {}
+    return {
+        "due_since": now,
+        "due_reason": str(reason),
+        "next_attempt_at": now,
+        "compaction_attempts": 0,
+        "last_error": None,
+    }
 
 
 async def _events_after(

@@ -30,7 +30,7 @@ from episodic.models import (
     StoredEvent,
     Usage,
 )
-from episodic.policy import EpisodicCompactionPressure, age_in_days
+from episodic.policy import EpisodicCompactionConfig, EpisodicCompactionPressure
 from episodic.settings import EpisodicSettings
 from episodic.store.backend import Backend, WriteOutcome
 from episodic.store.batch import PreparedBatch, encode_json, prepare_batch
@@ -41,9 +41,10 @@ from episodic.store.boundaries import (
     plan_boundary,
     validate_request,
 )
+from episodic.store.due import check_overrides, pressure_from
 from episodic.store.engine import parse_database_url
 from episodic.store.postgres import PostgresBackend
-from episodic.store.projection import abandoned_result_tokens
+from episodic.store.projection import abandoned_result_tokens, counters_of
 from episodic.store.sqlite import SqliteBackend
 from episodic.tokens import TokenEstimator, estimator_from_name
 
@@ -63,10 +64,14 @@ class EpisodicStore:
         *,
         estimator: TokenEstimator,
         max_message_bytes: int,
+        trigger: EpisodicCompactionConfig | None = None,
     ) -> None:
         self._backend = backend
         self.estimator = estimator
         self.max_message_bytes = max_message_bytes
+        #: when appends mark a conversation due for compaction (per-conversation overrides in
+        #: metadata["compaction"])
+        self.trigger = trigger or EpisodicCompactionConfig()
         self._abandoned_tokens = abandoned_result_tokens(estimator)
 
     @classmethod
@@ -77,6 +82,7 @@ class EpisodicStore:
         settings: EpisodicSettings | None = None,
         estimator: TokenEstimator | None = None,
         max_message_bytes: int | None = None,
+        trigger: EpisodicCompactionConfig | None = None,
     ) -> EpisodicStore:
         """Connect to ``url`` (default: ``EPISODIC_DATABASE_URL``, else ``./episodic.db``).
         Does not create tables: call :meth:`migrate` (or run ``episodic migrate``)."""
@@ -93,6 +99,7 @@ class EpisodicStore:
             backend,
             estimator=estimator or estimator_from_name(settings.token_estimator),
             max_message_bytes=max_message_bytes or settings.max_message_bytes,
+            trigger=trigger or settings.trigger_config(),
         )
 
     @property
@@ -133,6 +140,7 @@ class EpisodicStore:
         if metadata is not None and not isinstance(metadata, Mapping):
             raise ValidationError("metadata must be a mapping", field="metadata")
         meta = dict(metadata or {})
+        check_overrides(meta)
         encoded = encode_json(meta, what="metadata")
         if len(encoded) > self.max_message_bytes:
             raise ValidationError(
@@ -185,7 +193,7 @@ class EpisodicStore:
             idempotency_key=idempotency_key,
             usage=usage,
         )
-        result = await self._backend.append(cid, batch, expected_seq)
+        result = await self._backend.append(cid, batch, expected_seq, self.trigger)
         _raise_for_refusal(cid, result, expected_seq=expected_seq, key=idempotency_key)
         assert result.seq is not None
         assert result.created_at is not None
@@ -196,7 +204,7 @@ class EpisodicStore:
         closed as abandoned: compaction can cut past them, loading pairs each with a
         synthetic error result, and a late result for one is refused."""
         cid = parse_conversation_id(conversation_id)
-        result = await self._backend.mark_run_completed(cid, self._abandoned_tokens)
+        result = await self._backend.mark_run_completed(cid, self._abandoned_tokens, self.trigger)
         _raise_for_refusal(cid, result, expected_seq=None, key=None)
         assert result.seq is not None
         assert result.created_at is not None
@@ -333,22 +341,12 @@ class EpisodicStore:
         after it. A summarizer's own usage never counts here.
         """
         head = await self.get_conversation(conversation_id)
-        return pressure_of(head, now or datetime.now(UTC))
-
-
-def pressure_of(head: Conversation, now: datetime) -> EpisodicCompactionPressure:
-    """The pressure a head row describes at ``now``."""
-    estimate = head.context_tokens
-    if head.usage_input_tokens is not None:
-        estimate = max(estimate, head.usage_input_tokens + head.tokens_since_usage)
-    return EpisodicCompactionPressure(
-        estimated_context_tokens=estimate,
-        user_messages_since_boundary=head.user_messages_since_boundary,
-        run_completed_since_boundary=head.run_completed_since_boundary,
-        user_messages_after_latest_run_completed=head.user_messages_since_run_completed,
-        conversation_age_days=age_in_days(head.created_at, now),
-        total_user_messages=head.total_user_messages,
-    )
+        return pressure_from(
+            counters_of(head),
+            created_at=head.created_at,
+            boundary_at=head.boundary_at,
+            now=now or datetime.now(UTC),
+        )
 
 
 def parse_conversation_id(value: UUID | str) -> UUID:
@@ -450,4 +448,4 @@ def _raise_for_refusal(
     raise AssertionError(f"unknown write outcome {outcome!r}")
 
 
-__all__ = ["DEFAULT_TENANT", "EpisodicStore", "parse_conversation_id", "pressure_of"]
+__all__ = ["DEFAULT_TENANT", "EpisodicStore", "parse_conversation_id"]

@@ -1,0 +1,98 @@
+"""When a conversation becomes due for compaction, decided from its head alone.
+
+The PostgreSQL function ``episodic_mark_due`` mirrors :func:`due_reason`; the SQLite backend
+and ``store.pressure`` call it directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from episodic.errors import ValidationError
+from episodic.policy import (
+    EpisodicCompactionConfig,
+    EpisodicCompactionPressure,
+    EpisodicCompactionTrigger,
+    age_in_days,
+    episodic_compaction_trigger,
+)
+from episodic.store.projection import HeadCounters
+
+#: metadata["compaction"] keys that override the store's trigger settings per conversation
+#: (a model with a smaller window wants a smaller trigger_context_tokens).
+OVERRIDE_KEYS = (
+    "trigger_context_tokens",
+    "trigger_unfinished_turns",
+    "trigger_age_days",
+    "trigger_age_turn_count",
+)
+MAX_THRESHOLD = 2**62
+
+
+def check_overrides(metadata: Mapping[str, Any]) -> None:
+    """Refuse ``metadata["compaction"]`` overrides the database could not apply."""
+    overrides = metadata.get("compaction")
+    if overrides is None:
+        return
+    if not isinstance(overrides, Mapping):
+        raise ValidationError("metadata['compaction'] must be an object", field="metadata")
+    for key, value in overrides.items():
+        if key not in OVERRIDE_KEYS:
+            raise ValidationError(
+                f"unknown compaction override {key!r}; expected one of {', '.join(OVERRIDE_KEYS)}",
+                field="metadata",
+            )
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_THRESHOLD
+        ):
+            raise ValidationError(
+                f"metadata['compaction'][{key!r}] must be a non-negative integer or null",
+                field="metadata",
+            )
+
+
+def trigger_config_for(
+    default: EpisodicCompactionConfig, metadata: Mapping[str, Any]
+) -> EpisodicCompactionConfig:
+    """The store's trigger settings with the conversation's overrides applied."""
+    overrides = metadata.get("compaction") or {}
+    changes = {k: overrides[k] for k in OVERRIDE_KEYS if overrides.get(k) is not None}
+    return default.model_copy(update=changes) if changes else default
+
+
+def pressure_from(
+    counters: HeadCounters, *, created_at: datetime, boundary_at: datetime | None, now: datetime
+) -> EpisodicCompactionPressure:
+    """The pressure a head describes at ``now``. The estimate is the larger of the stored
+    estimate of the current context and the latest provider-reported input tokens plus what
+    was appended after them; the age is that of the current context."""
+    estimate = counters.context_tokens
+    if counters.usage_input_tokens is not None:
+        estimate = max(estimate, counters.usage_input_tokens + counters.tokens_since_usage)
+    return EpisodicCompactionPressure(
+        estimated_context_tokens=estimate,
+        user_messages_since_boundary=counters.user_messages_since_boundary,
+        run_completed_since_boundary=counters.run_completed_since_boundary,
+        user_messages_after_latest_run_completed=counters.user_messages_since_run_completed,
+        conversation_age_days=age_in_days(boundary_at or created_at, now),
+        total_user_messages=counters.total_user_messages,
+    )
+
+
+def due_reason(
+    counters: HeadCounters,
+    *,
+    created_at: datetime,
+    boundary_at: datetime | None,
+    metadata: Mapping[str, Any],
+    default: EpisodicCompactionConfig,
+    now: datetime,
+) -> EpisodicCompactionTrigger | None:
+    """Why the conversation is due now, or None."""
+    pressure = pressure_from(counters, created_at=created_at, boundary_at=boundary_at, now=now)
+    return episodic_compaction_trigger(pressure, trigger_config_for(default, metadata))
+
+
+__all__ = ["OVERRIDE_KEYS", "check_overrides", "due_reason", "pressure_from", "trigger_config_for"]
