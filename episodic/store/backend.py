@@ -3,7 +3,7 @@ everything dialect-specific lives in those two modules."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol
@@ -11,6 +11,13 @@ from uuid import UUID
 
 from episodic.models import Conversation, StoredEvent
 from episodic.policy import EpisodicCompactionConfig
+from episodic.store.attempts import (
+    AttemptEnd,
+    AttemptOutcome,
+    AttemptRecord,
+    Claim,
+    CompactionStatus,
+)
 from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite, HeadState
 
@@ -47,6 +54,7 @@ class LoadedTail:
     events: list[StoredEvent]
 
 
+Closer = Callable[[], Awaitable[None]]
 PlanBoundary = Callable[[HeadState, list[StoredEvent], datetime], BoundaryWrite]
 
 
@@ -77,12 +85,46 @@ class Backend(Protocol):
     ) -> WriteOutcome: ...
 
     async def write_boundary(
-        self, conversation_id: UUID, covers_through_seq: int, plan: PlanBoundary
+        self,
+        conversation_id: UUID,
+        covers_through_seq: int,
+        plan: PlanBoundary,
+        attempt: AttemptRecord | None,
     ) -> BoundaryWrite | None:
         """Lock the head, read the events after ``covers_through_seq``, let ``plan`` decide
-        (it raises to refuse), and write its result, all in one transaction. None when the
-        conversation does not exist."""
+        (it raises to refuse), and write its result (and ``attempt``, completed with the
+        boundary's seq), all in one transaction. None when the conversation does not exist."""
         ...
+
+    async def claim(self, owner: str, limit: int, lease_seconds: float) -> list[Claim]:
+        """Lease up to ``limit`` due conversations (skipping any another worker holds) and
+        count the attempt, in one statement."""
+        ...
+
+    async def claim_conversation(
+        self, conversation_id: UUID, owner: str, lease_seconds: float, reason: str
+    ) -> Claim | None:
+        """Lease one conversation now, due or not (an operator's ``episodic compact``); None
+        when another worker holds its lease."""
+        ...
+
+    async def listen_for_due(self, wake: Callable[[], None]) -> Closer | None:
+        """Call ``wake`` whenever a conversation becomes due; None when the database cannot
+        notify (SQLite: workers poll)."""
+        ...
+
+    async def end_attempt(
+        self, claim: Claim, end: AttemptEnd, attempt: AttemptRecord
+    ) -> AttemptOutcome:
+        """Release the lease as ``end`` says and record ``attempt``, if the lease is still
+        ours (else the attempt is recorded as ``lease_lost`` and the head is left alone)."""
+        ...
+
+    async def mark_due_by_age(self, trigger: EpisodicCompactionConfig) -> int:
+        """Mark due the conversations whose age rule fires (the periodic sweep)."""
+        ...
+
+    async def status(self, recent: int) -> CompactionStatus: ...
 
     async def load_tail(self, conversation_id: UUID) -> LoadedTail | None:
         """The head's position and every event after its latest cut, in one statement."""
@@ -97,4 +139,4 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
-__all__ = ["Backend", "LoadedTail", "Outcome", "PlanBoundary", "WriteOutcome"]
+__all__ = ["Backend", "Closer", "LoadedTail", "Outcome", "PlanBoundary", "WriteOutcome"]

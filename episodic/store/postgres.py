@@ -7,6 +7,7 @@ per connection and reuses it. SQLAlchemy is used only to run the migrations.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -18,7 +19,14 @@ from sqlalchemy.pool import NullPool
 
 from episodic.models import Conversation, StoredEvent
 from episodic.policy import EpisodicCompactionConfig
-from episodic.store.backend import LoadedTail, PlanBoundary, WriteOutcome
+from episodic.store.attempts import (
+    AttemptEnd,
+    AttemptOutcome,
+    AttemptRecord,
+    Claim,
+    CompactionStatus,
+)
+from episodic.store.backend import Closer, LoadedTail, PlanBoundary, WriteOutcome
 from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite
 from episodic.store.codec import decode_conversation, decode_event_row, decode_head_state
@@ -89,6 +97,117 @@ UPDATE episodic_conversations SET
     lease_expires_at = NULL, compaction_attempts = 0, next_attempt_at = NULL,
     last_error = NULL, dead_since = NULL, boundary_at = $9
  WHERE conversation_id = $1
+"""
+
+INSERT_ATTEMPT = """
+INSERT INTO episodic_compaction_attempts (
+    conversation_id, attempt_id, tenant_id, worker, reason, outcome, error, started_at,
+    finished_at, usage, model, tokens_before, tokens_after, boundary_seq
+) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+"""
+
+# Claims in one statement: SKIP LOCKED lets any number of workers share the queue without
+# waiting on each other or on appends that hold a head row.
+CLAIM = """
+WITH next AS (
+    SELECT conversation_id
+      FROM episodic_conversations
+     WHERE due_since IS NOT NULL AND dead_since IS NULL AND next_attempt_at <= now()
+       AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+     ORDER BY next_attempt_at
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE episodic_conversations c
+   SET lease_owner = $2,
+       lease_token = gen_random_uuid(),
+       lease_expires_at = now() + make_interval(secs => $3),
+       compaction_attempts = c.compaction_attempts + 1
+  FROM next
+ WHERE c.conversation_id = next.conversation_id
+RETURNING c.conversation_id, c.tenant_id, c.lease_token, c.lease_expires_at,
+          c.compaction_attempts, c.due_reason, c.boundary_seq, now() AS claimed_at
+"""
+
+CLAIM_CONVERSATION = """
+UPDATE episodic_conversations
+   SET lease_owner = $2,
+       lease_token = gen_random_uuid(),
+       lease_expires_at = now() + make_interval(secs => $3),
+       compaction_attempts = compaction_attempts + 1,
+       due_since = COALESCE(due_since, now()),
+       due_reason = $4,
+       next_attempt_at = now(),
+       dead_since = NULL
+ WHERE conversation_id = $1 AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+RETURNING conversation_id, tenant_id, lease_token, lease_expires_at, compaction_attempts,
+          due_reason, boundary_seq, now() AS claimed_at
+"""
+
+DUE_CHANNEL = "episodic_due"
+
+# Ends an attempt that wrote no boundary, fenced by the lease token, and records it, in one
+# statement. A worker whose lease was taken over changes nothing but the ledger.
+END_ATTEMPT = """
+WITH head AS (
+    UPDATE episodic_conversations
+       SET lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+           due_since = CASE WHEN $3 THEN NULL ELSE due_since END,
+           due_reason = CASE WHEN $3 THEN NULL ELSE due_reason END,
+           compaction_attempts = CASE WHEN $3 THEN 0 ELSE compaction_attempts END,
+           next_attempt_at = CASE WHEN $3 THEN NULL
+                                  ELSE now() + make_interval(secs => $4) END,
+           dead_since = CASE WHEN $5 THEN now() ELSE dead_since END,
+           last_error = $6
+     WHERE conversation_id = $1 AND lease_token = $2
+ RETURNING tenant_id
+)
+INSERT INTO episodic_compaction_attempts (
+    conversation_id, attempt_id, tenant_id, worker, reason, outcome, error, started_at,
+    finished_at, usage, model, tokens_before, tokens_after, boundary_seq
+)
+SELECT $1::uuid, $7::uuid, $8::text, $9::text, $10::text,
+       CASE WHEN EXISTS (SELECT 1 FROM head) THEN $11::text ELSE 'lease_lost' END,
+       $6::text, $12::timestamptz, now(), $13::jsonb, $14::text, $15::bigint, NULL, NULL
+RETURNING outcome
+"""
+
+MARK_DUE_BY_AGE = """
+WITH aged AS (
+    SELECT conversation_id,
+           COALESCE((metadata -> 'compaction' ->> 'trigger_age_days')::bigint, $1) AS days,
+           COALESCE((metadata -> 'compaction' ->> 'trigger_age_turn_count')::bigint, $2) AS turns
+      FROM episodic_conversations
+     WHERE due_since IS NULL AND dead_since IS NULL
+       AND last_seq > COALESCE(boundary_seq, 0)
+), marked AS (
+    UPDATE episodic_conversations c
+       SET due_since = now(), due_reason = 'age_and_turns', next_attempt_at = now(),
+           compaction_attempts = 0, last_error = NULL
+      FROM aged
+     WHERE c.conversation_id = aged.conversation_id
+       AND COALESCE(c.boundary_at, c.created_at) <= now() - make_interval(days => aged.days::int)
+       AND c.total_user_messages >= aged.turns
+    RETURNING c.conversation_id
+)
+SELECT conversation_id, pg_notify('episodic_due', conversation_id::text) FROM marked
+"""
+
+STATUS = """
+SELECT count(*) FILTER (WHERE due_since IS NOT NULL AND dead_since IS NULL) AS due,
+       count(*) FILTER (WHERE lease_expires_at > now()) AS leased,
+       count(*) FILTER (WHERE due_since IS NOT NULL AND dead_since IS NULL
+                          AND last_error IS NOT NULL) AS failing,
+       count(*) FILTER (WHERE dead_since IS NOT NULL) AS dead
+  FROM episodic_conversations
+"""
+
+RECENT_ATTEMPTS = """
+SELECT conversation_id, worker, reason, outcome, error, started_at, finished_at, model,
+       tokens_before, tokens_after, boundary_seq
+  FROM episodic_compaction_attempts
+ ORDER BY finished_at DESC
+ LIMIT $1
 """
 
 GET_CONVERSATION = """
@@ -189,7 +308,11 @@ class PostgresBackend:
         return _outcome(row)
 
     async def write_boundary(
-        self, conversation_id: UUID, covers_through_seq: int, plan: PlanBoundary
+        self,
+        conversation_id: UUID,
+        covers_through_seq: int,
+        plan: PlanBoundary,
+        attempt: AttemptRecord | None,
     ) -> BoundaryWrite | None:
         with translated_errors():
             async with self._pool.acquire() as conn, conn.transaction():
@@ -221,7 +344,80 @@ class PostgresBackend:
                     after.context_tokens,
                     event.created_at,
                 )
+                if attempt is not None:
+                    done = attempt.with_boundary(event.seq, event.tokens_after)
+                    await conn.execute(INSERT_ATTEMPT, *done.row().values())
         return write
+
+    async def claim(self, owner: str, limit: int, lease_seconds: float) -> list[Claim]:
+        with translated_errors():
+            rows = await self._pool.fetch(CLAIM, limit, owner, float(lease_seconds))
+        return [_claim(row) for row in rows]
+
+    async def claim_conversation(
+        self, conversation_id: UUID, owner: str, lease_seconds: float, reason: str
+    ) -> Claim | None:
+        with translated_errors():
+            row = await self._pool.fetchrow(
+                CLAIM_CONVERSATION, conversation_id, owner, float(lease_seconds), reason
+            )
+        return _claim(row) if row is not None else None
+
+    async def listen_for_due(self, wake: Callable[[], None]) -> Closer:
+        # A dedicated connection: LISTEN is session state, which pooled connections must
+        # not carry (the pool does not reset them, see _keep_session).
+        assert self._url.asyncpg is not None
+        with translated_errors():
+            connection = await asyncpg.connect(self._url.asyncpg)
+            await connection.add_listener(DUE_CHANNEL, lambda *_: wake())
+
+        async def close() -> None:
+            await connection.close()
+
+        return close
+
+    async def end_attempt(
+        self, claim: Claim, end: AttemptEnd, attempt: AttemptRecord
+    ) -> AttemptOutcome:
+        with translated_errors():
+            outcome: AttemptOutcome = await self._pool.fetchval(
+                END_ATTEMPT,
+                claim.conversation_id,
+                claim.lease_token,
+                end.clear_due,
+                float(end.retry_in),
+                end.dead,
+                attempt.error,
+                attempt.attempt_id,
+                attempt.tenant_id,
+                attempt.worker,
+                attempt.reason,
+                attempt.outcome,
+                attempt.started_at,
+                attempt.usage,
+                attempt.model,
+                attempt.tokens_before,
+            )
+        return outcome
+
+    async def mark_due_by_age(self, trigger: EpisodicCompactionConfig) -> int:
+        with translated_errors():
+            rows = await self._pool.fetch(
+                MARK_DUE_BY_AGE, trigger.trigger_age_days, trigger.trigger_age_turn_count
+            )
+        return len(rows)
+
+    async def status(self, recent: int) -> CompactionStatus:
+        with translated_errors():
+            counts = await self._pool.fetchrow(STATUS)
+            attempts = await self._pool.fetch(RECENT_ATTEMPTS, recent)
+        return CompactionStatus(
+            due=counts["due"],
+            leased=counts["leased"],
+            failing=counts["failing"],
+            dead=counts["dead"],
+            recent_attempts=[dict(row) for row in attempts],
+        )
 
     async def load_tail(self, conversation_id: UUID) -> LoadedTail | None:
         with translated_errors():
@@ -248,6 +444,19 @@ class PostgresBackend:
 
     async def close(self) -> None:
         await self._pool.close()
+
+
+def _claim(row: Any) -> Claim:
+    return Claim(
+        conversation_id=row["conversation_id"],
+        tenant_id=row["tenant_id"],
+        lease_token=row["lease_token"],
+        lease_expires_at=row["lease_expires_at"],
+        attempt=row["compaction_attempts"],
+        reason=row["due_reason"] or "manual_recovery",
+        boundary_seq=row["boundary_seq"],
+        claimed_at=row["claimed_at"],
+    )
 
 
 def _thresholds(trigger: EpisodicCompactionConfig) -> tuple[int | None, int, int, int]:

@@ -8,13 +8,14 @@ head is advanced with the projection's own fold (store/projection.py).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
-from sqlalchemy import event, insert, select, update
+from sqlalchemy import and_, event, func, insert, or_, select, update
 from sqlalchemy.engine import Connection as SyncConnection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -22,7 +23,14 @@ from sqlalchemy.pool import StaticPool
 
 from episodic.models import Conversation, StoredEvent
 from episodic.policy import EpisodicCompactionConfig
-from episodic.store.backend import LoadedTail, PlanBoundary, WriteOutcome
+from episodic.store.attempts import (
+    AttemptEnd,
+    AttemptOutcome,
+    AttemptRecord,
+    Claim,
+    CompactionStatus,
+)
+from episodic.store.backend import Closer, LoadedTail, PlanBoundary, WriteOutcome
 from episodic.store.batch import PreparedBatch, encode_json
 from episodic.store.boundaries import BoundaryWrite
 from episodic.store.codec import (
@@ -39,7 +47,7 @@ from episodic.store.due import due_reason
 from episodic.store.engine import DatabaseUrl
 from episodic.store.migrate import upgrade_to_head
 from episodic.store.projection import HeadCounters
-from episodic.store.schema import conversations, events
+from episodic.store.schema import compaction_attempts, conversations, events
 from episodic.store.translate import translated_errors
 
 _WRITE = "episodic_write"
@@ -238,7 +246,11 @@ class SqliteBackend:
                 )
 
     async def write_boundary(
-        self, conversation_id: UUID, covers_through_seq: int, plan: PlanBoundary
+        self,
+        conversation_id: UUID,
+        covers_through_seq: int,
+        plan: PlanBoundary,
+        attempt: AttemptRecord | None,
     ) -> BoundaryWrite | None:
         with translated_errors():
             async with self._write() as conn:
@@ -266,7 +278,201 @@ class SqliteBackend:
                     **CLEARED_COMPACTION_STATE,
                     boundary_at=event.created_at,
                 )
+                if attempt is not None:
+                    done = attempt.with_boundary(event.seq, event.tokens_after)
+                    await conn.execute(insert(compaction_attempts).values(**done.row()))
         return write
+
+    async def claim(self, owner: str, limit: int, lease_seconds: float) -> list[Claim]:
+        now = datetime.now(UTC)
+        head = conversations.c
+        with translated_errors():
+            async with self._write() as conn:
+                rows = (
+                    await conn.execute(
+                        select(head.conversation_id)
+                        .where(
+                            head.due_since.is_not(None),
+                            head.dead_since.is_(None),
+                            head.next_attempt_at <= now,
+                            or_(head.lease_expires_at.is_(None), head.lease_expires_at <= now),
+                        )
+                        .order_by(head.next_attempt_at)
+                        .limit(limit)
+                    )
+                ).all()
+                claims = []
+                for (conversation_id,) in rows:
+                    token = uuid4()
+                    expires = now + timedelta(seconds=lease_seconds)
+                    await conn.execute(
+                        update(conversations)
+                        .where(head.conversation_id == conversation_id)
+                        .values(
+                            lease_owner=owner,
+                            lease_token=token,
+                            lease_expires_at=expires,
+                            compaction_attempts=head.compaction_attempts + 1,
+                        )
+                    )
+                    row = await _head(conn, conversation_id)
+                    assert row is not None
+                    claims.append(
+                        Claim(
+                            conversation_id=conversation_id,
+                            tenant_id=row["tenant_id"],
+                            lease_token=token,
+                            lease_expires_at=expires,
+                            attempt=row["compaction_attempts"],
+                            reason=row["due_reason"] or "manual_recovery",
+                            boundary_seq=row["boundary_seq"],
+                            claimed_at=now,
+                        )
+                    )
+        return claims
+
+    async def claim_conversation(
+        self, conversation_id: UUID, owner: str, lease_seconds: float, reason: str
+    ) -> Claim | None:
+        now = datetime.now(UTC)
+        head = conversations.c
+        token = uuid4()
+        expires = now + timedelta(seconds=lease_seconds)
+        with translated_errors():
+            async with self._write() as conn:
+                row = await _head(conn, conversation_id)
+                if row is None:
+                    return None
+                lease_end = row["lease_expires_at"]
+                if lease_end is not None and utc(lease_end) > now:
+                    return None
+                await conn.execute(
+                    update(conversations)
+                    .where(head.conversation_id == conversation_id)
+                    .values(
+                        lease_owner=owner,
+                        lease_token=token,
+                        lease_expires_at=expires,
+                        compaction_attempts=head.compaction_attempts + 1,
+                        due_since=row["due_since"] or now,
+                        due_reason=reason,
+                        next_attempt_at=now,
+                        dead_since=None,
+                    )
+                )
+        return Claim(
+            conversation_id=conversation_id,
+            tenant_id=row["tenant_id"],
+            lease_token=token,
+            lease_expires_at=expires,
+            attempt=row["compaction_attempts"] + 1,
+            reason=reason,
+            boundary_seq=row["boundary_seq"],
+            claimed_at=now,
+        )
+
+    async def listen_for_due(self, wake: Callable[[], None]) -> Closer | None:
+        return None  # SQLite cannot notify; the worker polls
+
+    async def end_attempt(
+        self, claim: Claim, end: AttemptEnd, attempt: AttemptRecord
+    ) -> AttemptOutcome:
+        now = datetime.now(UTC)
+        head = conversations.c
+        changes: dict[str, Any] = {
+            "lease_owner": None,
+            "lease_token": None,
+            "lease_expires_at": None,
+            "last_error": attempt.error,
+        }
+        if end.clear_due:
+            changes.update(
+                due_since=None, due_reason=None, compaction_attempts=0, next_attempt_at=None
+            )
+        else:
+            changes["next_attempt_at"] = now + timedelta(seconds=end.retry_in)
+        if end.dead:
+            changes["dead_since"] = now
+        with translated_errors():
+            async with self._write() as conn:
+                result = await conn.execute(
+                    update(conversations)
+                    .where(
+                        head.conversation_id == claim.conversation_id,
+                        head.lease_token == claim.lease_token,
+                    )
+                    .values(**changes)
+                )
+                outcome: AttemptOutcome = attempt.outcome if result.rowcount else "lease_lost"
+                row = replace(attempt, outcome=outcome, finished_at=now).row()
+                await conn.execute(insert(compaction_attempts).values(**row))
+        return outcome
+
+    async def mark_due_by_age(self, trigger: EpisodicCompactionConfig) -> int:
+        now = datetime.now(UTC)
+        head = conversations.c
+        marked = 0
+        with translated_errors():
+            async with self._write() as conn:
+                rows = await conn.execute(
+                    select(conversations).where(
+                        head.due_since.is_(None),
+                        head.dead_since.is_(None),
+                        head.last_seq > func.coalesce(head.boundary_seq, 0),
+                    )
+                )
+                for mapping in rows.mappings().all():
+                    row = dict(mapping)
+                    state = _due_state(row, decode_counters(row), trigger, now)
+                    if state.get("due_reason") != "age_and_turns":
+                        continue
+                    await conn.execute(
+                        update(conversations)
+                        .where(head.conversation_id == row["conversation_id"])
+                        .values(**state)
+                    )
+                    marked += 1
+        return marked
+
+    async def status(self, recent: int) -> CompactionStatus:
+        now = datetime.now(UTC)
+        head = conversations.c
+        due = and_(head.due_since.is_not(None), head.dead_since.is_(None))
+        query = select(
+            func.count().filter(due),
+            func.count().filter(head.lease_expires_at > now),
+            func.count().filter(and_(due, head.last_error.is_not(None))),
+            func.count().filter(head.dead_since.is_not(None)),
+        )
+        attempts = compaction_attempts.c
+        recent_query = (
+            select(
+                attempts.conversation_id,
+                attempts.worker,
+                attempts.reason,
+                attempts.outcome,
+                attempts.error,
+                attempts.started_at,
+                attempts.finished_at,
+                attempts.model,
+                attempts.tokens_before,
+                attempts.tokens_after,
+                attempts.boundary_seq,
+            )
+            .order_by(attempts.finished_at.desc())
+            .limit(recent)
+        )
+        with translated_errors():
+            async with self._engine.connect() as conn:
+                counts = (await conn.execute(query)).one()
+                rows = (await conn.execute(recent_query)).mappings().all()
+        return CompactionStatus(
+            due=counts[0],
+            leased=counts[1],
+            failing=counts[2],
+            dead=counts[3],
+            recent_attempts=[dict(row) for row in rows],
+        )
 
     async def load_tail(self, conversation_id: UUID) -> LoadedTail | None:
         with translated_errors():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
@@ -32,7 +32,14 @@ from episodic.models import (
 )
 from episodic.policy import EpisodicCompactionConfig, EpisodicCompactionPressure
 from episodic.settings import EpisodicSettings
-from episodic.store.backend import Backend, WriteOutcome
+from episodic.store.attempts import (
+    AttemptEnd,
+    AttemptOutcome,
+    AttemptRecord,
+    Claim,
+    CompactionStatus,
+)
+from episodic.store.backend import Backend, Closer, WriteOutcome
 from episodic.store.batch import PreparedBatch, encode_json, prepare_batch
 from episodic.store.boundaries import (
     BoundaryRequest,
@@ -249,6 +256,7 @@ class EpisodicStore:
         prompt_version: str | None = None,
         tokens_before: int | None = None,
         pressure: EpisodicCompactionPressure | None = None,
+        attempt: AttemptRecord | None = None,
     ) -> BoundaryEvent:
         """Append a summary boundary: from now on ``load_context`` returns ``summary`` (the
         finalized handoff text), the ``retained`` user texts, and every message after
@@ -259,6 +267,7 @@ class EpisodicStore:
         longer holds the compaction lease (:class:`LeaseLostError`), or when the cut would
         separate a tool call from its result (:class:`UnsafeCutError`). Messages appended
         after the cut, even while the summary was being written, stay in the context.
+        ``attempt`` (the compaction worker's) is recorded in the same transaction.
         """
         cid = parse_conversation_id(conversation_id)
         if expected_boundary_seq is not None:
@@ -286,7 +295,7 @@ class EpisodicStore:
         def plan(head: HeadState, tail: list[StoredEvent], now: datetime) -> BoundaryWrite:
             return plan_boundary(cid, request, head, tail, now=now, estimator=self.estimator)
 
-        written = await self._backend.write_boundary(cid, covers_through_seq, plan)
+        written = await self._backend.write_boundary(cid, covers_through_seq, plan, attempt)
         if written is None:
             raise NotFoundError(cid)
         return written.event.model_copy(update={"created_at": _aware(written.event.created_at)})
@@ -311,6 +320,17 @@ class EpisodicStore:
             raise ValidationError(
                 "max_tool_result_tokens must be a positive integer", field="max_tool_result_tokens"
             )
+        context, _ = await self.load_context_and_tail(
+            cid, max_tool_result_tokens=max_tool_result_tokens
+        )
+        return context
+
+    async def load_context_and_tail(
+        self, conversation_id: UUID | str, *, max_tool_result_tokens: int | None = None
+    ) -> tuple[Context, list[StoredEvent]]:
+        """``load_context`` plus the raw events after the latest cut, for the compaction
+        worker, which needs them to find a safe cut (still one statement)."""
+        cid = parse_conversation_id(conversation_id)
         loaded = await self._backend.load_tail(cid)
         if loaded is None:
             raise NotFoundError(cid)
@@ -322,7 +342,7 @@ class EpisodicStore:
             ),
             None,
         )
-        return compose_context(
+        context = compose_context(
             cid,
             boundary=boundary,
             tail=loaded.events,
@@ -330,6 +350,55 @@ class EpisodicStore:
             estimator=self.estimator,
             max_tool_result_tokens=max_tool_result_tokens,
         )
+        return context, loaded.events
+
+    # ---- the compaction worker's queue ----------------------------------------------------
+
+    async def claim_due(self, owner: str, *, limit: int, lease_seconds: float) -> list[Claim]:
+        """Lease up to ``limit`` conversations due for compaction and count the attempt, in
+        one statement (``FOR UPDATE SKIP LOCKED`` on PostgreSQL): any number of workers can
+        share the queue, and a crashed worker's lease simply expires."""
+        if limit < 1 or lease_seconds <= 0:
+            raise ValidationError("claim_due needs limit >= 1 and a positive lease")
+        return await self._backend.claim(owner, limit, lease_seconds)
+
+    async def claim_conversation(
+        self,
+        conversation_id: UUID | str,
+        owner: str,
+        *,
+        lease_seconds: float,
+        reason: str = "manual_recovery",
+    ) -> Claim | None:
+        """Lease one conversation now, due or not, for an operator-forced compaction. None
+        when a worker holds its lease; :class:`NotFoundError` when it does not exist."""
+        cid = parse_conversation_id(conversation_id)
+        claim = await self._backend.claim_conversation(cid, owner, lease_seconds, reason)
+        if claim is None:
+            await self.get_conversation(cid)  # raises NotFoundError for an unknown id
+        return claim
+
+    async def listen_for_due(self, wake: Callable[[], None]) -> Closer | None:
+        """Call ``wake`` whenever a conversation becomes due (PostgreSQL NOTIFY). Returns a
+        coroutine function that stops listening, or None where only polling works."""
+        return await self._backend.listen_for_due(wake)
+
+    async def end_attempt(
+        self, claim: Claim, end: AttemptEnd, attempt: AttemptRecord
+    ) -> AttemptOutcome:
+        """Finish an attempt that wrote no boundary: release the lease, schedule the retry or
+        the dead state, and record the attempt, all fenced by the lease token. Returns the
+        outcome recorded (``lease_lost`` when another worker holds the lease now)."""
+        return await self._backend.end_attempt(claim, end, attempt)
+
+    async def mark_due_by_age(self) -> int:
+        """The periodic sweep: mark due the conversations whose context is old enough for the
+        age rule. Returns how many became due."""
+        return await self._backend.mark_due_by_age(self.trigger)
+
+    async def compaction_status(self, *, recent: int = 10) -> CompactionStatus:
+        """Counts of due, leased, failing and dead conversations, and the latest attempts."""
+        return await self._backend.status(recent)
 
     async def pressure(
         self, conversation_id: UUID | str, *, now: datetime | None = None

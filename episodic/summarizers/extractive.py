@@ -108,7 +108,7 @@ def extractive_handoff(
         errors = [b for b in tools if b.error]
         if errors:
             last = errors[-1]
-            detail = _clip(_first_line(last.text), _share(max_chars, _TOOL_ERROR_SHARE))
+            detail = _clip(_leading_lines(last.text, 3), _share(max_chars, _TOOL_ERROR_SHARE))
             lines.append(f"Last tool error ({last.tool_name}): {detail}")
     if len(requests) > 1:
         lines.extend(_earlier_requests(requests[:-1], _share(max_chars, _EARLIER_SHARE)))
@@ -171,7 +171,13 @@ def _share(max_chars: int, fraction: float) -> int:
 
 
 def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), "(empty)")
+    return _leading_lines(text, 1)
+
+
+def _leading_lines(text: str, count: int) -> str:
+    """The first ``count`` non-blank lines, stripped and joined by `` | ``."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " | ".join(lines[:count]) or "(empty)"
 
 
 def _clip(text: str, limit: int) -> str:

@@ -1,0 +1,104 @@
+"""The compaction worker's side of the head: claims, leases and the attempts ledger."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict
+
+AttemptOutcome = Literal[
+    "succeeded",
+    "fallback",
+    "failed",
+    "dead",
+    "nothing_to_compact",
+    "conflict",
+    "released",
+    "lease_lost",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A conversation a worker holds the compaction lease on."""
+
+    conversation_id: UUID
+    tenant_id: str
+    lease_token: UUID
+    lease_expires_at: datetime
+    attempt: int
+    reason: str
+    boundary_seq: int | None
+    claimed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One row of ``episodic_compaction_attempts``: written once, when the attempt ends."""
+
+    conversation_id: UUID
+    attempt_id: UUID
+    tenant_id: str
+    worker: str
+    reason: str
+    outcome: AttemptOutcome
+    started_at: datetime
+    finished_at: datetime
+    error: str | None = None
+    usage: dict[str, Any] | None = None
+    model: str | None = None
+    tokens_before: int | None = None
+    tokens_after: int | None = None
+    boundary_seq: int | None = None
+
+    def with_boundary(self, seq: int, tokens_after: int | None) -> AttemptRecord:
+        return replace(self, boundary_seq=seq, tokens_after=tokens_after)
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "conversation_id": self.conversation_id,
+            "attempt_id": self.attempt_id,
+            "tenant_id": self.tenant_id,
+            "worker": self.worker,
+            "reason": self.reason,
+            "outcome": self.outcome,
+            "error": self.error,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "usage": self.usage,
+            "model": self.model,
+            "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after,
+            "boundary_seq": self.boundary_seq,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnd:
+    """How an attempt that wrote no boundary leaves the conversation.
+
+    ``retry_in`` seconds until the next try (with the due state kept); ``dead`` stops
+    retrying; ``clear_due`` ends the due state without a boundary (nothing to compact).
+    """
+
+    retry_in: float = 0.0
+    dead: bool = False
+    clear_due: bool = False
+
+
+class CompactionStatus(BaseModel):
+    """What ``episodic status`` shows."""
+
+    model_config = ConfigDict(frozen=True)
+
+    due: int
+    leased: int
+    failing: int
+    dead: int
+    recent_attempts: list[dict[str, Any]]
+
+
+__all__ = ["AttemptEnd", "AttemptOutcome", "AttemptRecord", "Claim", "CompactionStatus"]

@@ -1,0 +1,216 @@
+"""One compaction attempt for one claimed conversation.
+
+Load the context up to a safe cut, ask the summarizer (no transaction open meanwhile), then
+write the boundary fenced by the lease token and the boundary the summary was built on. Every
+attempt leaves exactly one row in the attempts ledger, whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from uuid import uuid4
+
+from episodic.compaction import (
+    PROMPT_VERSION,
+    CompactionConfig,
+    finalize_compaction,
+    prepare_compaction,
+)
+from episodic.context import compose_context
+from episodic.errors import ConflictError, LeaseLostError
+from episodic.policy import safe_cut
+from episodic.store import EpisodicStore
+from episodic.store.attempts import AttemptEnd, AttemptOutcome, AttemptRecord, Claim
+from episodic.summarizers import ExtractiveSummarizer, Summarizer, SummarizerError, SummaryResult
+from episodic.worker.backoff import backoff_delay
+
+logger = logging.getLogger("episodic.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionOptions:
+    """How the worker compacts and what it does when that fails."""
+
+    compaction: CompactionConfig = field(default_factory=CompactionConfig)
+    summarizer_timeout: float = 120.0
+    max_attempts: int = 5
+    backoff_base: float = 5.0
+    backoff_max: float = 600.0
+    #: after the last failed attempt, write a deterministic extractive boundary instead of
+    #: leaving the conversation dead
+    fallback: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """What one attempt did."""
+
+    outcome: AttemptOutcome
+    tokens_before: int | None = None
+    tokens_after: int | None = None
+    error: str | None = None
+    seconds: float = 0.0
+
+
+class EmptySummaryError(Exception):
+    """The summarizer answered with nothing; an empty handoff is never written."""
+
+
+async def compact_claimed(
+    store: EpisodicStore,
+    summarizer: Summarizer,
+    claim: Claim,
+    *,
+    worker: str,
+    options: CompactionOptions,
+) -> JobResult:
+    """Run one attempt for ``claim`` and record it. Never raises for a failed attempt: the
+    outcome says what happened, and the head's due state says what happens next."""
+    started = datetime.now(UTC)
+    record = AttemptRecord(
+        conversation_id=claim.conversation_id,
+        attempt_id=uuid4(),
+        tenant_id=claim.tenant_id,
+        worker=worker,
+        reason=claim.reason,
+        outcome="failed",
+        started_at=started,
+        finished_at=started,
+    )
+    tokens_before: int | None = None
+    try:
+        context, tail = await store.load_context_and_tail(claim.conversation_id)
+        tokens_before = context.estimated_tokens
+        record = replace(record, tokens_before=tokens_before)
+        covers = context.boundary.covers_through_seq if context.boundary is not None else 0
+        cut = safe_cut(tail)
+        if cut <= covers:
+            return await _end(
+                store, claim, record, "nothing_to_compact", AttemptEnd(clear_due=True)
+            )
+        source = compose_context(
+            claim.conversation_id,
+            boundary=context.boundary,
+            tail=[event for event in tail if event.seq <= cut],
+            last_seq=cut,
+            estimator=store.estimator,
+        )
+        # The trigger already decided this conversation is due: summarize whatever its size.
+        prepared = prepare_compaction(
+            list(source.messages),
+            options.compaction.with_limits(auto_compact_token_limit=0),
+            store.estimator,
+        )
+        if prepared is None:
+            return await _end(
+                store, claim, record, "nothing_to_compact", AttemptEnd(clear_due=True)
+            )
+        try:
+            result = await asyncio.wait_for(
+                summarizer.summarize(prepared.request), timeout=options.summarizer_timeout
+            )
+            if not result.text.strip():
+                raise EmptySummaryError(f"{summarizer.name} returned an empty summary")
+            outcome: AttemptOutcome = "succeeded"
+        except (SummarizerError, TimeoutError, EmptySummaryError) as exc:
+            error = _describe(exc, options)
+            final = claim.attempt >= options.max_attempts or (
+                isinstance(exc, SummarizerError) and not exc.retryable
+            )
+            if not (final and options.fallback):
+                return await _fail(
+                    store, claim, record, error, final=final, options=options, exc=exc
+                )
+            result = await ExtractiveSummarizer().summarize(prepared.request)
+            result = SummaryResult(text=result.text, usage=None, model="fallback:extractive")
+            record = replace(record, error=error)
+            outcome = "fallback"
+        finalized = finalize_compaction(prepared.plan, result.text)
+        pressure = await store.pressure(claim.conversation_id)
+        record = replace(
+            record,
+            outcome=outcome,
+            finished_at=datetime.now(UTC),
+            usage=result.usage.model_dump() if result.usage is not None else None,
+            model=result.model,
+        )
+        boundary = await store.write_boundary(
+            claim.conversation_id,
+            summary=finalized.handoff.text,
+            covers_through_seq=cut,
+            retained=finalized.retained_texts,
+            reason=claim.reason,
+            usage=result.usage,
+            model=result.model,
+            expected_boundary_seq=context.boundary.seq if context.boundary is not None else None,
+            lease_token=claim.lease_token,
+            prompt_version=PROMPT_VERSION,
+            tokens_before=tokens_before,
+            pressure=pressure,
+            attempt=record,
+        )
+        return JobResult(
+            outcome,
+            tokens_before=tokens_before,
+            tokens_after=boundary.tokens_after,
+            seconds=(datetime.now(UTC) - started).total_seconds(),
+        )
+    except LeaseLostError as exc:
+        return await _end(store, claim, replace(record, error=str(exc)), "lease_lost", AttemptEnd())
+    except ConflictError as exc:
+        # Someone else wrote a boundary since we loaded: try again at once from the new one.
+        return await _end(store, claim, replace(record, error=str(exc)), "conflict", AttemptEnd())
+    except Exception as exc:  # a database failure or a bug: recorded, retried with backoff
+        logger.exception("compaction of %s failed", claim.conversation_id)
+        error = f"{type(exc).__name__}: {exc}"
+        final = claim.attempt >= options.max_attempts
+        return await _fail(store, claim, record, error, final=final, options=options, exc=exc)
+
+
+async def _fail(
+    store: EpisodicStore,
+    claim: Claim,
+    record: AttemptRecord,
+    error: str,
+    *,
+    final: bool,
+    options: CompactionOptions,
+    exc: BaseException,
+) -> JobResult:
+    if final:
+        return await _end(store, claim, replace(record, error=error), "dead", AttemptEnd(dead=True))
+    delay = backoff_delay(claim.attempt, base=options.backoff_base, maximum=options.backoff_max)
+    if isinstance(exc, SummarizerError) and exc.retry_after is not None:
+        delay = max(delay, exc.retry_after)
+    return await _end(
+        store, claim, replace(record, error=error), "failed", AttemptEnd(retry_in=delay)
+    )
+
+
+async def _end(
+    store: EpisodicStore,
+    claim: Claim,
+    record: AttemptRecord,
+    outcome: AttemptOutcome,
+    end: AttemptEnd,
+) -> JobResult:
+    record = replace(record, outcome=outcome, finished_at=datetime.now(UTC))
+    recorded = await store.end_attempt(claim, end, record)
+    return JobResult(
+        recorded,
+        tokens_before=record.tokens_before,
+        error=record.error,
+        seconds=(record.finished_at - record.started_at).total_seconds(),
+    )
+
+
+def _describe(exc: BaseException, options: CompactionOptions) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"the summarizer did not answer within {options.summarizer_timeout:g} s"
+    return f"{type(exc).__name__}: {exc}"
+
+
+__all__ = ["CompactionOptions", "EmptySummaryError", "JobResult", "compact_claimed"]

@@ -1,0 +1,198 @@
+"""The compaction worker: claims due conversations and compacts them, until told to stop.
+
+Shaped like procrastinate's worker: claims in one ``SKIP LOCKED`` statement, NOTIFY only
+wakes it (polling is the fallback and the only way on SQLite), a fixed number of attempts in
+flight, a periodic sweep for the age rule, and a graceful stop: no new claims, in-flight
+attempts get a grace period, and any still running then are cancelled and their leases
+released for another worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from dataclasses import replace
+from datetime import UTC, datetime
+from uuid import uuid4
+
+from episodic.store import EpisodicStore
+from episodic.store.attempts import AttemptEnd, AttemptRecord, Claim
+from episodic.summarizers import Summarizer
+from episodic.worker.job import CompactionOptions, JobResult, compact_claimed
+from episodic.worker.metrics import WorkerMetrics
+
+logger = logging.getLogger("episodic.worker")
+
+
+class CompactionWorker:
+    """Compacts due conversations with ``summarizer``.
+
+    ``lease_seconds`` must outlast a summarizer call (it defaults to twice the timeout plus a
+    margin): a lease that expires mid-call lets another worker take over, and this one's
+    write is then refused.
+    """
+
+    def __init__(
+        self,
+        store: EpisodicStore,
+        summarizer: Summarizer,
+        *,
+        concurrency: int = 4,
+        options: CompactionOptions | None = None,
+        lease_seconds: float | None = None,
+        poll_interval: float = 5.0,
+        sweep_interval: float = 300.0,
+        shutdown_grace: float = 30.0,
+        worker_id: str | None = None,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.store = store
+        self.summarizer = summarizer
+        self.concurrency = concurrency
+        self.options = options or CompactionOptions()
+        self.lease_seconds = lease_seconds or self.options.summarizer_timeout * 2 + 30
+        self.poll_interval = poll_interval
+        self.sweep_interval = sweep_interval
+        self.shutdown_grace = shutdown_grace
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid4().hex[:6]}"
+        self.metrics = metrics
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._in_flight: dict[asyncio.Task[JobResult], Claim] = {}
+
+    # ---- control -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; :meth:`run` returns once in-flight attempts end (or the grace
+        period runs out)."""
+        self._stopping.set()
+        self._wake.set()
+
+    def install_signal_handlers(self) -> None:
+        """Stop gracefully on SIGTERM and SIGINT."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    # ---- running -------------------------------------------------------------------------
+
+    async def run_once(self) -> list[JobResult]:
+        """Claim what is due now (up to ``concurrency`` at a time) and compact it all; return
+        when nothing due is left. For cron-style runs and tests."""
+        await self.store.mark_due_by_age()
+        results: list[JobResult] = []
+        while claims := await self._claim(self.concurrency):
+            results += await asyncio.gather(*(self._attempt(claim) for claim in claims))
+        return results
+
+    async def run(self) -> None:
+        """Work until :meth:`stop` (or SIGTERM/SIGINT with the handlers installed)."""
+        close_listener = await self.store.listen_for_due(self._wake.set)
+        sweeper = asyncio.create_task(self._sweep_periodically())
+        logger.info("worker %s started (concurrency %d)", self.worker_id, self.concurrency)
+        try:
+            while not self._stopping.is_set():
+                free = self.concurrency - len(self._in_flight)
+                claims = await self._claim(free) if free > 0 else []
+                for claim in claims:
+                    task = asyncio.create_task(self._attempt(claim))
+                    self._in_flight[task] = claim
+                    task.add_done_callback(self._finished)
+                if claims and len(claims) == free:
+                    continue  # there may be more: claim again as soon as a slot frees
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval)
+        finally:
+            sweeper.cancel()
+            if close_listener is not None:
+                await close_listener()
+            await self._drain()
+            logger.info("worker %s stopped", self.worker_id)
+
+    async def _claim(self, limit: int) -> list[Claim]:
+        try:
+            claims = await self.store.claim_due(
+                self.worker_id, limit=limit, lease_seconds=self.lease_seconds
+            )
+        except Exception:
+            logger.exception("claiming failed; retrying after the poll interval")
+            return []
+        if self.metrics is not None:
+            self.metrics.claimed.inc(len(claims))
+        return claims
+
+    async def _attempt(self, claim: Claim) -> JobResult:
+        result = await compact_claimed(
+            self.store, self.summarizer, claim, worker=self.worker_id, options=self.options
+        )
+        logger.info(
+            "conversation %s: %s (attempt %d, %.2f s)%s",
+            claim.conversation_id,
+            result.outcome,
+            claim.attempt,
+            result.seconds,
+            f": {result.error}" if result.error else "",
+        )
+        if self.metrics is not None:
+            self.metrics.observe(result)
+        return result
+
+    def _finished(self, task: asyncio.Task[JobResult]) -> None:
+        self._in_flight.pop(task, None)
+        self._wake.set()  # a slot is free
+
+    async def _sweep_periodically(self) -> None:
+        while True:
+            try:
+                marked = await self.store.mark_due_by_age()
+                if marked:
+                    logger.info("sweep marked %d conversations due by age", marked)
+            except Exception:
+                logger.exception("age sweep failed")
+            await asyncio.sleep(self.sweep_interval)
+
+    async def _drain(self) -> None:
+        if not self._in_flight:
+            return
+        pending = set(self._in_flight)
+        _, still_running = await asyncio.wait(pending, timeout=self.shutdown_grace)
+        for task in still_running:
+            task.cancel()
+        for task in still_running:
+            claim = self._in_flight.get(task)
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            if claim is not None:
+                await self._release(claim)
+
+    async def _release(self, claim: Claim) -> None:
+        now = datetime.now(UTC)
+        record = AttemptRecord(
+            conversation_id=claim.conversation_id,
+            attempt_id=uuid4(),
+            tenant_id=claim.tenant_id,
+            worker=self.worker_id,
+            reason=claim.reason,
+            outcome="released",
+            started_at=claim.claimed_at,
+            finished_at=now,
+            error="the worker shut down before the attempt finished",
+        )
+        try:
+            await self.store.end_attempt(claim, AttemptEnd(retry_in=0), replace(record))
+        except Exception:
+            logger.exception("could not release %s; its lease will expire", claim.conversation_id)
+
+
+__all__ = ["CompactionWorker"]
