@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Annotated, TypeVar
 
@@ -16,6 +18,8 @@ from episodic.errors import EpisodicError
 from episodic.models import BoundaryEvent, Message, MessageEvent, RunCompletedEvent, StoredEvent
 from episodic.settings import EpisodicSettings
 from episodic.store import EpisodicStore
+from episodic.worker import WorkerMetrics, compact_claimed
+from episodic.worker.setup import worker_from_settings
 
 app = typer.Typer(
     name="episodic",
@@ -37,10 +41,14 @@ DatabaseUrlOption = Annotated[
 ]
 
 
-def _run(work: Callable[[EpisodicStore], Awaitable[T]], database_url: str | None) -> T:
+def _run(
+    work: Callable[[EpisodicStore], Awaitable[T]],
+    database_url: str | None,
+    settings: EpisodicSettings | None = None,
+) -> T:
     async def main() -> T:
-        settings = EpisodicSettings()
-        store = await EpisodicStore.open(database_url or settings.database_url, settings=settings)
+        config = settings or EpisodicSettings()
+        store = await EpisodicStore.open(database_url or config.database_url, settings=config)
         try:
             return await work(store)
         finally:
@@ -108,6 +116,116 @@ def show(
         console.print(table)
 
     _run(work, database_url)
+
+
+@app.command()
+def worker(
+    database_url: DatabaseUrlOption = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            envvar="EPISODIC_WORKER_CONCURRENCY",
+            show_envvar=True,
+            help="Compactions in flight at once in this process. [default: 4]",
+        ),
+    ] = None,
+    once: Annotated[
+        bool, typer.Option("--once", help="Compact what is due now, then exit (for cron).")
+    ] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            envvar="EPISODIC_METRICS_PORT",
+            show_envvar=True,
+            help="Serve Prometheus metrics on this port.",
+        ),
+    ] = None,
+) -> None:
+    """Run the compaction worker: claim due conversations, summarize, write boundaries. Stops
+    gracefully on SIGTERM/SIGINT. Run as many as you like, on as many machines."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = EpisodicSettings()
+    if concurrency is not None:
+        settings = settings.model_copy(update={"worker_concurrency": concurrency})
+    metrics = WorkerMetrics()
+    port = metrics_port if metrics_port is not None else settings.metrics_port
+    if port is not None:
+        metrics.serve(port)
+
+    async def work(store: EpisodicStore) -> None:
+        runner = worker_from_settings(store, settings, metrics=metrics)
+        if once:
+            results = await runner.run_once()
+            outcomes = Counter(result.outcome for result in results)
+            console.print(f"{len(results)} attempts: {dict(outcomes) or 'nothing was due'}")
+            return
+        runner.install_signal_handlers()
+        await runner.run()
+
+    _run(work, database_url, settings)
+
+
+@app.command()
+def status(
+    database_url: DatabaseUrlOption = None,
+    recent: Annotated[int, typer.Option(help="How many recent attempts to list.")] = 10,
+) -> None:
+    """Compaction status: due, leased, failing and dead conversations, and recent attempts."""
+
+    async def work(store: EpisodicStore) -> None:
+        state = await store.compaction_status(recent=recent)
+        console.print(
+            f"due={state.due}  leased={state.leased}  failing={state.failing}  dead={state.dead}"
+        )
+        table = Table()
+        for column in ("finished", "conversation", "reason", "outcome", "tokens", "error"):
+            table.add_column(column, overflow="fold")
+        for row in state.recent_attempts:
+            before, after = row["tokens_before"], row["tokens_after"]
+            tokens = f"{before} → {after}" if after is not None else str(before or "")
+            table.add_row(
+                row["finished_at"].strftime("%Y-%m-%d %H:%M:%S"),
+                str(row["conversation_id"]),
+                Text(str(row["reason"])),
+                Text(str(row["outcome"])),
+                tokens,
+                Text(str(row["error"] or "")),
+            )
+        console.print(table)
+
+    _run(work, database_url)
+
+
+@app.command()
+def compact(
+    conversation_id: Annotated[str, typer.Argument(help="The conversation's UUID.")],
+    database_url: DatabaseUrlOption = None,
+) -> None:
+    """Compact one conversation now, due or not (a boundary with reason manual_recovery),
+    with the summarizer the settings name."""
+    settings = EpisodicSettings()
+
+    async def work(store: EpisodicStore) -> None:
+        runner = worker_from_settings(store, settings)
+        owner = f"cli:{runner.worker_id}"
+        claim = await store.claim_conversation(
+            conversation_id, owner, lease_seconds=runner.lease_seconds
+        )
+        if claim is None:
+            console.print("a worker is compacting this conversation right now; try again later")
+            raise typer.Exit(1)
+        result = await compact_claimed(
+            store, runner.summarizer, claim, worker=owner, options=runner.options
+        )
+        console.print(
+            f"{result.outcome}: ≈{result.tokens_before or 0:,} → "
+            f"≈{result.tokens_after if result.tokens_after is not None else '?'} tokens"
+            + (f" ({escape(result.error)})" if result.error else "")
+        )
+        if result.outcome not in ("succeeded", "fallback", "nothing_to_compact"):
+            raise typer.Exit(1)
+
+    _run(work, database_url, settings)
 
 
 async def _print_context(

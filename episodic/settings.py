@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from episodic.compaction import CompactionConfig
 from episodic.policy import EpisodicCompactionConfig
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///episodic.db"
@@ -50,6 +53,53 @@ class EpisodicSettings(BaseSettings):
     trigger_age_turn_count: int = Field(
         default=50, ge=0, description="...in conversations with at least this many user messages."
     )
+
+    compact_request_token_limit: int = Field(
+        default=250_000, gt=0, description="Cap on the transcript sent to the summarizer."
+    )
+    recent_user_token_budget: int = Field(
+        default=20_000, ge=0, description="Recent user messages kept verbatim after a boundary."
+    )
+
+    summarizer: Literal["extractive", "openai"] = Field(
+        default="extractive",
+        description="Who writes handoffs: 'openai' (any OpenAI-compatible endpoint) or "
+        "'extractive' (offline, deterministic; the default so nothing leaves the machine).",
+    )
+    summarizer_base_url: str | None = Field(
+        default=None, description="OpenAI-compatible base URL, e.g. https://api.openai.com/v1."
+    )
+    summarizer_api_key: SecretStr | None = Field(default=None, description="Its API key.")
+    summarizer_model: str | None = Field(default=None, description="The summarizer's model.")
+    summarizer_timeout: float = Field(default=120.0, gt=0, description="Seconds per call.")
+
+    worker_concurrency: int = Field(default=4, gt=0, description="Attempts in flight per worker.")
+    lease_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="Compaction lease; default twice the summarizer timeout plus 30 s.",
+    )
+    max_attempts: int = Field(default=5, gt=0, description="Attempts before the dead state.")
+    backoff_base_seconds: float = Field(default=5.0, gt=0, description="First retry delay.")
+    backoff_max_seconds: float = Field(default=600.0, gt=0, description="Longest retry delay.")
+    fallback_trim: bool = Field(
+        default=False,
+        description="After the last failed attempt, write an extractive boundary instead of "
+        "marking the conversation dead.",
+    )
+    poll_interval_seconds: float = Field(default=5.0, gt=0, description="Idle poll interval.")
+    sweep_interval_seconds: float = Field(default=300.0, gt=0, description="Age-rule sweep.")
+    shutdown_grace_seconds: float = Field(
+        default=30.0, ge=0, description="On SIGTERM, how long in-flight attempts may finish."
+    )
+    metrics_port: int | None = Field(default=None, description="Serve Prometheus metrics here.")
+
+    def compaction_config(self) -> CompactionConfig:
+        """The compaction limits these settings describe."""
+        return CompactionConfig().with_limits(
+            compact_request_token_limit=self.compact_request_token_limit,
+            recent_user_token_budget=self.recent_user_token_budget,
+        )
 
     def trigger_config(self) -> EpisodicCompactionConfig:
         """The compaction trigger these settings describe."""
