@@ -1,0 +1,272 @@
+"""The compaction worker in one process, on PostgreSQL and SQLite (fake summarizers only)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from uuid import UUID
+
+import pytest
+
+from episodic import EpisodicStore, Message, ToolCall, Usage
+from episodic.compaction import CompactionRequest
+from episodic.models import BoundaryEvent
+from episodic.policy import EpisodicCompactionConfig
+from episodic.summarizers import SummarizerError, SummaryResult
+from episodic.worker import CompactionOptions, CompactionWorker
+from tests.support import snapshot
+
+
+class ScriptedSummarizer:
+    """Answers from a script: a string is a summary, an exception is raised, a callable runs
+    (it may append to the conversation meanwhile)."""
+
+    name = "scripted"
+
+    def __init__(self, *script: object, default: object = "the summary") -> None:
+        self.script = list(script)
+        self.default = default
+        self.requests: list[CompactionRequest] = []
+
+    async def summarize(self, request: CompactionRequest) -> SummaryResult:
+        self.requests.append(request)
+        step = self.script.pop(0) if self.script else self.default
+        if callable(step):
+            step = await step()
+        if isinstance(step, BaseException):
+            raise step
+        return SummaryResult(
+            text=str(step), usage=Usage(input_tokens=10, output_tokens=5), model="m"
+        )
+
+
+async def _due_conversation(store: EpisodicStore, turns: int = 3) -> UUID:
+    store.trigger = EpisodicCompactionConfig(trigger_unfinished_turns=turns)
+    conv = await store.create_conversation()
+    for turn in range(turns):
+        await store.append(
+            conv,
+            [
+                Message.user(f"request {turn}"),
+                Message.assistant(None, tool_calls=[ToolCall(id=f"c{turn}", name="run")]),
+                Message.tool_result(f"c{turn}", "output " * 20, name="run"),
+                Message.assistant(f"answer {turn}"),
+            ],
+        )
+    assert (await store.get_conversation(conv)).due_since is not None
+    return conv
+
+
+def _worker(store: EpisodicStore, summarizer: object, **options: object) -> CompactionWorker:
+    return CompactionWorker(
+        store,
+        summarizer,  # type: ignore[arg-type]
+        options=CompactionOptions(**options),  # type: ignore[arg-type]
+        worker_id="test-worker",
+    )
+
+
+async def _attempts(database_url: str, conv: UUID) -> list[tuple[object, ...]]:
+    rows = (await snapshot(database_url))["episodic_compaction_attempts"]
+    return sorted((r for r in rows if r[0] == conv), key=lambda r: r[8])
+
+
+async def test_worker_compacts_a_due_conversation(store: EpisodicStore, database_url: str) -> None:
+    conv = await _due_conversation(store)
+    before = await store.load_context(conv)
+    summarizer = ScriptedSummarizer("Three requests answered; nothing pending.")
+    [result] = await _worker(store, summarizer).run_once()
+    assert result.outcome == "succeeded"
+    ctx = await store.load_context(conv)
+    assert ctx.boundary is not None
+    assert ctx.boundary.summary.endswith("Three requests answered; nothing pending.")
+    assert ctx.boundary.reason == "unfinished_turns"
+    assert ctx.boundary.usage == Usage(input_tokens=10, output_tokens=5)
+    assert ctx.boundary.covers_through_seq == 12
+    assert ctx.boundary.tokens_before == before.estimated_tokens
+    assert [m.text for m in ctx.messages[1:]] == ["request 0", "request 1", "request 2"]
+    head = await store.get_conversation(conv)
+    assert head.due_since is None
+    assert head.lease_owner is None
+    [attempt] = await _attempts(database_url, conv)
+    assert attempt[5] == "succeeded"  # outcome
+    assert attempt[13] == ctx.boundary.seq  # boundary_seq
+    assert "[tool result c0 run ok]" in summarizer.requests[0].prompt
+    assert await _worker(store, summarizer).run_once() == []  # nothing due any more
+
+
+async def test_a_message_appended_during_summarization_stays_in_the_tail(
+    store: EpisodicStore,
+) -> None:
+    conv = await _due_conversation(store)
+
+    async def user_speaks_meanwhile() -> str:
+        await store.append(conv, [Message.user("wait, one more thing")])
+        return "summary"
+
+    await _worker(store, ScriptedSummarizer(user_speaks_meanwhile)).run_once()
+    ctx = await store.load_context(conv)
+    assert ctx.boundary is not None
+    assert ctx.boundary.covers_through_seq == 12
+    assert ctx.messages[-1].text == "wait, one more thing"
+    assert ctx.messages[-1].seq == 13
+
+
+@pytest.mark.parametrize(
+    "failure",
+    ["retryable_error", "timeout", "empty", "whitespace"],
+)
+async def test_failures_back_off_then_die_and_write_nothing(
+    store: EpisodicStore, database_url: str, failure: str
+) -> None:
+    conv = await _due_conversation(store)
+    events_before = await store.read_events(conv)
+
+    async def hang() -> str:
+        await asyncio.sleep(5)
+        return "too late"
+
+    step: object = {
+        "retryable_error": SummarizerError("503", summarizer="s", retryable=True),
+        "timeout": hang,
+        "empty": "",
+        "whitespace": "  \n ",
+    }[failure]
+    worker = _worker(
+        store,
+        ScriptedSummarizer(default=step),
+        max_attempts=3,
+        backoff_base=100.0,
+        summarizer_timeout=0.2,
+    )
+    for attempt in range(1, 4):
+        started = datetime.now(UTC)
+        [result] = await worker.run_once()
+        head = await store.get_conversation(conv)
+        assert head.compaction_attempts == attempt
+        if attempt < 3:
+            assert result.outcome == "failed"
+            assert head.next_attempt_at is not None
+            delay = (head.next_attempt_at - started).total_seconds()
+            expected = 100.0 * 2 ** (attempt - 1)
+            assert expected * 0.9 - 1 <= delay <= expected * 1.1 + 1
+            assert await worker.run_once() == []  # not before its time
+            await _make_retry_due_now(store, database_url, conv)
+        else:
+            assert result.outcome == "dead"
+            assert head.dead_since is not None
+    assert await store.read_events(conv) == events_before  # no boundary, log unchanged
+    assert [row[5] for row in await _attempts(database_url, conv)] == ["failed", "failed", "dead"]
+    assert all(row[6] for row in await _attempts(database_url, conv))  # every error recorded
+    assert (await store.load_context(conv)).boundary is None
+
+
+async def test_a_non_retryable_error_dies_at_once(store: EpisodicStore) -> None:
+    conv = await _due_conversation(store)
+    bad_key = SummarizerError("401 unauthorized", summarizer="s", retryable=False)
+    [result] = await _worker(store, ScriptedSummarizer(bad_key)).run_once()
+    assert result.outcome == "dead"
+    assert (await store.get_conversation(conv)).dead_since is not None
+
+
+async def test_fallback_writes_a_deterministic_boundary(
+    store: EpisodicStore, database_url: str
+) -> None:
+    conv = await _due_conversation(store)
+    failing = SummarizerError("boom", summarizer="s", retryable=True)
+    [result] = await _worker(
+        store, ScriptedSummarizer(failing), max_attempts=1, fallback=True
+    ).run_once()
+    assert result.outcome == "fallback"
+    ctx = await store.load_context(conv)
+    assert ctx.boundary is not None
+    assert ctx.boundary.model == "fallback:extractive"
+    assert "request 2" in ctx.boundary.summary
+    assert "boom" not in ctx.boundary.summary  # an error text is never a summary
+    [attempt] = await _attempts(database_url, conv)
+    assert attempt[5] == "fallback"
+    assert "boom" in str(attempt[6])
+
+
+async def test_a_late_write_after_losing_the_lease_is_refused(
+    store: EpisodicStore, database_url: str
+) -> None:
+    conv = await _due_conversation(store)
+    [stale] = await store.claim_due("slow", limit=1, lease_seconds=0.2)
+    await asyncio.sleep(0.3)  # the slow worker's lease expires
+    [result] = await _worker(store, ScriptedSummarizer("fresh")).run_once()
+    assert result.outcome == "succeeded"
+    from episodic.worker.job import compact_claimed
+
+    late = await compact_claimed(
+        store, ScriptedSummarizer("stale"), stale, worker="slow", options=CompactionOptions()
+    )
+    assert late.outcome == "lease_lost"
+    boundaries = [e for e in await store.read_events(conv) if isinstance(e, BoundaryEvent)]
+    assert len(boundaries) == 1
+    assert boundaries[0].summary.endswith("fresh")
+    outcomes = sorted(row[5] for row in await _attempts(database_url, conv))
+    assert outcomes == ["lease_lost", "succeeded"]
+
+
+async def test_concurrent_workers_never_compact_twice(store: EpisodicStore) -> None:
+    conversations = [await _due_conversation(store) for _ in range(12)]
+    workers = [
+        CompactionWorker(store, ScriptedSummarizer(), concurrency=3, worker_id=f"w{i}")
+        for i in range(3)
+    ]
+    results = await asyncio.gather(*(w.run_once() for w in workers))
+    assert sum(len(r) for r in results) == 12
+    for conv in conversations:
+        events = await store.read_events(conv)
+        assert sum(isinstance(e, BoundaryEvent) for e in events) == 1
+
+
+async def test_run_stops_gracefully_and_releases_unfinished_leases(store: EpisodicStore) -> None:
+    conv = await _due_conversation(store)
+    started = asyncio.Event()
+
+    async def slow() -> str:
+        started.set()
+        await asyncio.sleep(30)
+        return "never"
+
+    worker = CompactionWorker(
+        store, ScriptedSummarizer(slow), poll_interval=0.05, shutdown_grace=0.2
+    )
+    running = asyncio.create_task(worker.run())
+    await asyncio.wait_for(started.wait(), timeout=10)
+    worker.stop()
+    await asyncio.wait_for(running, timeout=10)
+    head = await store.get_conversation(conv)
+    assert head.lease_owner is None
+    assert head.due_since is not None  # still due: another worker will take it
+    assert not any(isinstance(e, BoundaryEvent) for e in await store.read_events(conv))
+
+
+async def test_nothing_to_compact_clears_the_due_state(
+    store: EpisodicStore, database_url: str
+) -> None:
+    conv = await store.create_conversation(metadata={"compaction": {"trigger_context_tokens": 1}})
+    # Due at once, but the only event is a call still waiting for its result: no safe cut.
+    await store.append(conv, [Message.assistant(None, tool_calls=[ToolCall(id="x", name="t")])])
+    assert (await store.get_conversation(conv)).due_since is not None
+    summarizer = ScriptedSummarizer()
+    [result] = await _worker(store, summarizer).run_once()
+    assert result.outcome == "nothing_to_compact"
+    assert summarizer.requests == []  # no model call for nothing
+    head = await store.get_conversation(conv)
+    assert head.due_since is None
+    assert head.lease_owner is None
+    assert [row[5] for row in await _attempts(database_url, conv)] == ["nothing_to_compact"]
+
+
+async def _make_retry_due_now(store: EpisodicStore, database_url: str, conv: UUID) -> None:
+    from tests.support import execute_raw
+
+    value = "now()" if store.dialect == "postgresql" else "CURRENT_TIMESTAMP"
+    await execute_raw(
+        database_url,
+        f"UPDATE episodic_conversations SET next_attempt_at = {value} "
+        f"WHERE conversation_id = '{conv if store.dialect == 'postgresql' else conv.hex}'",
+    )
