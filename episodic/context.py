@@ -81,6 +81,10 @@ class Context(BaseModel):
                     content=wire["content"],
                     tool_calls=calls or None,
                     tool_call_id=message.tool_call_id,
+                    # The exact chat-completions form, so an OpenAI-protocol provider sends
+                    # what the model produced (argument text included) byte for byte.
+                    native=wire,
+                    native_protocol="openai",
                 )
             )
         return out
@@ -145,7 +149,7 @@ def _paired(tail: Sequence[StoredEvent]) -> list[Message]:
         if not isinstance(event, MessageEvent):
             continue
         message = event.message
-        if message.role == "system":
+        if message.role == "system" or _is_empty_assistant(message):
             continue
         if message.role == "tool":
             place = waiting.pop(message.tool_call_id or "", None)
@@ -169,6 +173,12 @@ def _paired(tail: Sequence[StoredEvent]) -> list[Message]:
                 result = missing_result(call.id, call.name)
             out.append(result)
     return out
+
+
+def _is_empty_assistant(message: Message) -> bool:
+    """An assistant turn with no text and no calls (a reasoning-only or aborted turn): the log
+    keeps it, but chat-completions refuses an assistant message with neither."""
+    return message.role == "assistant" and not message.tool_calls and not message.text.strip()
 
 
 def _capped(message: Message, max_tokens: int, estimator: TokenEstimator) -> Message:

@@ -330,10 +330,8 @@ def _block_to_openai(block: TextBlock | ImageBlock | RawBlock) -> dict[str, Any]
         image: dict[str, Any] = {"url": block.url}
         if block.detail is not None:
             image["detail"] = block.detail
-        out: dict[str, Any] = {"type": "image_url", "image_url": image}
-        if block.alt is not None:
-            out["alt"] = block.alt
-        return out
+        # alt is episodic's own (what a summarizer reads); chat-completions has no place for it
+        return {"type": "image_url", "image_url": image}
     return dict(block.data)
 
 
@@ -350,14 +348,12 @@ def _blocks_from_openai(blocks: Any) -> tuple[TextBlock | ImageBlock | RawBlock,
             out.append(TextBlock(text=block["text"]))
         elif (
             kind == "image_url"
-            and set(block) <= {"type", "image_url", "alt"}
+            and set(block) == {"type", "image_url"}
             and isinstance(image, dict)
             and set(image) <= {"url", "detail"}
             and isinstance(image.get("url"), str)
         ):
-            out.append(
-                ImageBlock(url=image["url"], detail=image.get("detail"), alt=block.get("alt"))
-            )
+            out.append(ImageBlock(url=image["url"], detail=image.get("detail")))
         else:
             out.append(RawBlock(data=block))
     return tuple(out)

@@ -83,6 +83,8 @@ def prepare_batch(
     if idempotency_key is not None:
         if not isinstance(idempotency_key, str) or not idempotency_key:
             raise ValidationError("idempotency_key must be a non-empty string", field="key")
+        if "\x00" in idempotency_key:
+            raise ValidationError("idempotency_key contains a NUL character", field="key")
         if len(idempotency_key) > MAX_IDEMPOTENCY_KEY_LENGTH:
             raise ValidationError(
                 f"idempotency_key is longer than {MAX_IDEMPOTENCY_KEY_LENGTH} characters",
@@ -109,6 +111,7 @@ def prepare_batch(
                 f"messages[{index}] was already stored (seq {message.seq}); append new messages",
                 field=f"messages[{index}]",
             )
+        _check_identifiers(message, index)
         payload = encode_json(message.stored_fields(), what=f"messages[{index}]")
         size = len(payload.encode("utf-8"))
         if size > max_message_bytes:
@@ -165,6 +168,22 @@ def prepare_batch(
         usage=usage,
         usage_json=encode_json(usage.model_dump(), what="usage") if usage is not None else None,
     )
+
+
+def _check_identifiers(message: Message, index: int) -> None:
+    """Ids and names are stored as database text, which cannot hold NUL (PostgreSQL refuses
+    it); message content can, since it is stored as escaped JSON."""
+    named = [
+        ("client_id", message.client_id),
+        ("tool_call_id", message.tool_call_id),
+        ("name", message.name),
+        *((f"tool_calls[{i}].id", call.id) for i, call in enumerate(message.tool_calls)),
+    ]
+    for field, value in named:
+        if value is not None and "\x00" in value:
+            raise ValidationError(
+                f"messages[{index}].{field} contains a NUL character", field=f"messages[{index}]"
+            )
 
 
 def _request_hash(payloads: list[str]) -> str:

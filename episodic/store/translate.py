@@ -13,13 +13,20 @@ from contextlib import contextmanager
 
 from sqlalchemy import exc as sa_exc
 
-from episodic.errors import ConfigurationError, TenantDeniedError, TransientDatabaseError
+from episodic.errors import (
+    ConfigurationError,
+    TenantDeniedError,
+    TransientDatabaseError,
+    ValidationError,
+)
 
 #: Connection lost or refused, server shutting down, serialization failure, deadlock.
 TRANSIENT_SQLSTATE_CLASSES = ("08", "57P")
 TRANSIENT_SQLSTATES = {"40001", "40P01", "53300", "55P03", "57014"}
 NOT_MIGRATED_SQLSTATES = {"42P01", "42883"}  # undefined table, undefined function
 PRIVILEGE_SQLSTATE = "42501"
+#: character not in repertoire, untranslatable character: input the database cannot store
+UNSTORABLE_SQLSTATES = {"22021", "22P05"}
 
 _NOT_MIGRATED = "the episodic schema is missing or out of date: run `episodic migrate`"
 
@@ -40,6 +47,8 @@ def _translate(exc: BaseException) -> BaseException | None:
     if state is not None:
         if state in NOT_MIGRATED_SQLSTATES:
             return ConfigurationError(f"{_NOT_MIGRATED} ({exc})")
+        if state in UNSTORABLE_SQLSTATES:
+            return ValidationError(f"the database cannot store this input: {exc}")
         if state == PRIVILEGE_SQLSTATE:
             return TenantDeniedError(f"the database refused this operation: {exc}")
         if state in TRANSIENT_SQLSTATES or state.startswith(TRANSIENT_SQLSTATE_CLASSES):
