@@ -96,26 +96,25 @@ CREATE FUNCTION episodic_trigger_reason(
 $fn$
 """
 
-# Marks the conversation due when the trigger fires on its (just updated) head, and wakes
-# idle workers. A conversation already due, leased or dead is left alone. Thresholds come from
-# the caller's settings, overridden per conversation by metadata.compaction.<name>; the age is
-# that of the current context (since the latest boundary), so an old conversation that was
-# just compacted is not due again on its next message.
+# Marks the conversation due when the trigger fires on its head row (as just updated, passed
+# in so no statement re-reads it), and wakes idle workers. A conversation already due or dead
+# is left alone. Thresholds come from the caller's settings, overridden per conversation by
+# metadata.compaction.<name>; the age is that of the current context (since the latest
+# boundary), so an old conversation that was just compacted is not due again on its next
+# message.
 MARK_DUE = """
 CREATE FUNCTION episodic_mark_due(
-    p_conversation_id uuid,
+    c episodic_conversations,
     p_trigger_context_tokens bigint,
     p_trigger_unfinished_turns bigint,
     p_trigger_age_days bigint,
     p_trigger_age_turn_count bigint
 ) RETURNS void LANGUAGE plpgsql AS $fn$
 DECLARE
-    c episodic_conversations%ROWTYPE;
     v_overrides jsonb;
     v_reason text;
 BEGIN
-    SELECT * INTO c FROM episodic_conversations WHERE conversation_id = p_conversation_id;
-    IF NOT FOUND OR c.due_since IS NOT NULL OR c.dead_since IS NOT NULL THEN
+    IF c.due_since IS NOT NULL OR c.dead_since IS NOT NULL THEN
         RETURN;
     END IF;
     v_overrides := COALESCE(c.metadata -> 'compaction', '{}'::jsonb);
@@ -137,8 +136,8 @@ BEGIN
     UPDATE episodic_conversations
        SET due_since = now(), due_reason = v_reason, next_attempt_at = now(),
            compaction_attempts = 0, last_error = NULL
-     WHERE conversation_id = p_conversation_id;
-    PERFORM pg_notify('episodic_due', p_conversation_id::text);
+     WHERE conversation_id = c.conversation_id;
+    PERFORM pg_notify('episodic_due', c.conversation_id::text);
 END
 $fn$
 """
@@ -175,6 +174,7 @@ DECLARE
     v_prior_at timestamptz;
     v_prior_hash text;
     v_bad text;
+    v_head episodic_conversations;
 BEGIN
     -- The row lock serializes appends to one conversation: seqs are gapless and a batch
     -- never interleaves with another. In READ COMMITTED each statement below takes a fresh
@@ -217,14 +217,19 @@ BEGIN
         END IF;
     END IF;
 
-    SELECT x INTO v_bad FROM unnest(p_called_ids) AS x WHERE v_open ? x LIMIT 1;
-    IF FOUND THEN
+    -- Most appends carry no tool calls or results: skip these checks then.
+    IF cardinality(p_called_ids) > 0 THEN
+        SELECT x INTO v_bad FROM unnest(p_called_ids) AS x WHERE v_open ? x LIMIT 1;
+    END IF;
+    IF cardinality(p_called_ids) > 0 AND FOUND THEN
         RETURN QUERY SELECT 'duplicate_tool_call'::text, NULL::bigint, NULL::timestamptz, v_bad;
         RETURN;
     END IF;
 
-    SELECT x INTO v_bad FROM unnest(p_closed_ids) AS x WHERE NOT (v_open ? x) LIMIT 1;
-    IF FOUND THEN
+    IF cardinality(p_closed_ids) > 0 THEN
+        SELECT x INTO v_bad FROM unnest(p_closed_ids) AS x WHERE NOT (v_open ? x) LIMIT 1;
+    END IF;
+    IF cardinality(p_closed_ids) > 0 AND FOUND THEN
         -- Only on this error path is the log searched, to say why the result is refused.
         RETURN QUERY SELECT
             CASE WHEN EXISTS (
@@ -261,14 +266,18 @@ BEGIN
         tokens_since_usage = CASE WHEN p_usage_input_tokens IS NULL
                                   THEN c.tokens_since_usage + p_token_sum
                                   ELSE p_token_sum END,
-        open_tool_calls = (v_open - p_closed_ids) || COALESCE(
-            (SELECT jsonb_object_agg(o.id, v_last + o.off + 1)
-               FROM unnest(p_opened_ids, p_opened_offsets) AS o(id, off)),
-            '{}'::jsonb)
-     WHERE c.conversation_id = p_conversation_id;
+        open_tool_calls = CASE
+            WHEN cardinality(p_closed_ids) = 0 AND cardinality(p_opened_ids) = 0 THEN v_open
+            ELSE (v_open - p_closed_ids) || COALESCE(
+                (SELECT jsonb_object_agg(o.id, v_last + o.off + 1)
+                   FROM unnest(p_opened_ids, p_opened_offsets) AS o(id, off)),
+                '{}'::jsonb)
+            END
+     WHERE c.conversation_id = p_conversation_id
+    RETURNING c.* INTO v_head;
 
     PERFORM episodic_mark_due(
-        p_conversation_id, p_trigger_context_tokens, p_trigger_unfinished_turns,
+        v_head, p_trigger_context_tokens, p_trigger_unfinished_turns,
         p_trigger_age_days, p_trigger_age_turn_count);
     RETURN QUERY SELECT 'appended'::text, v_last + 1, now(), NULL::text;
 END
@@ -293,6 +302,7 @@ DECLARE
     v_ids jsonb;
     v_count integer;
     v_tokens bigint;
+    v_head episodic_conversations;
 BEGIN
     SELECT c.tenant_id, c.last_seq, c.open_tool_calls INTO v_tenant, v_last, v_open
       FROM episodic_conversations c
@@ -320,9 +330,10 @@ BEGIN
         context_tokens = c.context_tokens + v_tokens,
         tokens_since_usage = c.tokens_since_usage + v_tokens,
         open_tool_calls = '{}'::jsonb
-     WHERE c.conversation_id = p_conversation_id;
+     WHERE c.conversation_id = p_conversation_id
+    RETURNING c.* INTO v_head;
     PERFORM episodic_mark_due(
-        p_conversation_id, p_trigger_context_tokens, p_trigger_unfinished_turns,
+        v_head, p_trigger_context_tokens, p_trigger_unfinished_turns,
         p_trigger_age_days, p_trigger_age_turn_count);
     RETURN QUERY SELECT 'appended'::text, v_last + 1, now(), v_ids::text;
 END
