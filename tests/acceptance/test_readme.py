@@ -1,0 +1,79 @@
+"""The README cannot drift from the API: its Python blocks run as tests, and the compose file
+it points to is valid."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+# ```python blocks are complete programs and run here; ```py blocks are fragments shown for
+# illustration (they need a model or an agent), ```bash blocks are commands.
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def python_blocks() -> list[str]:
+    return PYTHON_BLOCK.findall(README.read_text(encoding="utf-8"))
+
+
+def test_the_readme_has_runnable_examples() -> None:
+    assert python_blocks(), "README.md has no ```python block"
+
+
+@pytest.mark.parametrize("index", range(len(python_blocks())))
+async def test_readme_python_block_runs(database_url: str, tmp_path: Path, index: int) -> None:
+    script = tmp_path / f"readme_{index}.py"
+    script.write_text(python_blocks()[index], encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EPISODIC_")}
+    env["EPISODIC_DATABASE_URL"] = database_url
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        cwd=tmp_path,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=120)
+    assert process.returncode == 0, output.decode()
+
+
+def _compose_command() -> list[str] | None:
+    docker = shutil.which("docker")
+    if docker is not None:
+        probe = subprocess.run([docker, "compose", "version"], capture_output=True, check=False)
+        if probe.returncode == 0:
+            return [docker, "compose"]
+    legacy = shutil.which("docker-compose")
+    return [legacy] if legacy is not None else None
+
+
+def test_compose_file_is_valid() -> None:
+    command = _compose_command()
+    if command is None:
+        pytest.skip("no docker compose client on this machine (the plugin or docker-compose)")
+    result = subprocess.run(
+        [*command, "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    readme = README.read_text(encoding="utf-8")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    section = readme.split("## Run the tests", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"^```bash\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
+    test_command = commands[0].strip().splitlines()[-1]
+    assert test_command in ci.splitlines()
