@@ -19,7 +19,7 @@ from episodic.models import (
     Usage,
 )
 from episodic.store.boundaries import HeadState
-from episodic.store.projection import HeadCounters
+from episodic.store.projection import COUNTER_FIELDS, HeadCounters
 
 
 def utc(value: datetime) -> datetime:
@@ -96,19 +96,9 @@ def decode_event_row(conversation_id: UUID, row: Mapping[Any, Any]) -> StoredEve
 
 def decode_counters(row: Mapping[str, Any]) -> HeadCounters:
     """The log-derived counters of a head row."""
-    return HeadCounters(
-        last_seq=row["last_seq"],
-        boundary_seq=row["boundary_seq"],
-        covers_through_seq=row["covers_through_seq"],
-        total_user_messages=row["total_user_messages"],
-        user_messages_since_boundary=row["user_messages_since_boundary"],
-        run_completed_since_boundary=row["run_completed_since_boundary"],
-        user_messages_since_run_completed=row["user_messages_since_run_completed"],
-        context_tokens=row["context_tokens"],
-        usage_input_tokens=row["usage_input_tokens"],
-        tokens_since_usage=row["tokens_since_usage"],
-        open_tool_calls=json_value(row["open_tool_calls"]),
-    )
+    values = {name: row[name] for name in COUNTER_FIELDS}
+    values["open_tool_calls"] = json_value(values["open_tool_calls"])
+    return HeadCounters(**values)
 
 
 def decode_head_state(row: Mapping[str, Any]) -> HeadState:
@@ -124,19 +114,9 @@ def decode_head_state(row: Mapping[str, Any]) -> HeadState:
 
 def counter_values(counters: HeadCounters) -> dict[str, Any]:
     """Head columns to store for ``counters``."""
-    return {
-        "last_seq": counters.last_seq,
-        "boundary_seq": counters.boundary_seq,
-        "covers_through_seq": counters.covers_through_seq,
-        "total_user_messages": counters.total_user_messages,
-        "user_messages_since_boundary": counters.user_messages_since_boundary,
-        "run_completed_since_boundary": counters.run_completed_since_boundary,
-        "user_messages_since_run_completed": counters.user_messages_since_run_completed,
-        "context_tokens": counters.context_tokens,
-        "usage_input_tokens": counters.usage_input_tokens,
-        "tokens_since_usage": counters.tokens_since_usage,
-        "open_tool_calls": dict(counters.open_tool_calls),
-    }
+    values = {name: getattr(counters, name) for name in COUNTER_FIELDS}
+    values["open_tool_calls"] = dict(counters.open_tool_calls)
+    return values
 
 
 #: A boundary ends any compaction in progress: the due state and the lease are cleared.
@@ -153,34 +133,24 @@ CLEARED_COMPACTION_STATE: dict[str, Any] = {
 }
 
 
+_TIMESTAMPS = (
+    "boundary_at",
+    "due_since",
+    "lease_expires_at",
+    "next_attempt_at",
+    "dead_since",
+)
+
+
 def decode_conversation(row: Mapping[str, Any]) -> Conversation:
     """One ``episodic_conversations`` row as a model."""
-    return Conversation(
-        conversation_id=row["conversation_id"],
-        tenant_id=row["tenant_id"],
-        created_at=utc(row["created_at"]),
-        metadata=json_value(row["metadata"]),
-        last_seq=row["last_seq"],
-        boundary_seq=row["boundary_seq"],
-        covers_through_seq=row["covers_through_seq"],
-        total_user_messages=row["total_user_messages"],
-        user_messages_since_boundary=row["user_messages_since_boundary"],
-        run_completed_since_boundary=row["run_completed_since_boundary"],
-        user_messages_since_run_completed=row["user_messages_since_run_completed"],
-        context_tokens=row["context_tokens"],
-        usage_input_tokens=row["usage_input_tokens"],
-        tokens_since_usage=row["tokens_since_usage"],
-        open_tool_calls=json_value(row["open_tool_calls"]),
-        boundary_at=_utc_or_none(row["boundary_at"]),
-        due_since=_utc_or_none(row["due_since"]),
-        due_reason=row["due_reason"],
-        lease_owner=row["lease_owner"],
-        lease_expires_at=_utc_or_none(row["lease_expires_at"]),
-        compaction_attempts=row["compaction_attempts"],
-        next_attempt_at=_utc_or_none(row["next_attempt_at"]),
-        last_error=row["last_error"],
-        dead_since=_utc_or_none(row["dead_since"]),
-    )
+    values = {name: row[name] for name in Conversation.model_fields}
+    values["created_at"] = utc(values["created_at"])
+    values["metadata"] = json_value(values["metadata"])
+    values["open_tool_calls"] = json_value(values["open_tool_calls"])
+    for name in _TIMESTAMPS:
+        values[name] = _utc_or_none(values[name])
+    return Conversation(**values)
 
 
 def _utc_or_none(value: datetime | None) -> datetime | None:

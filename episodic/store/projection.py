@@ -8,7 +8,7 @@ functions on append; the PostgreSQL function ``episodic_append`` mirrors them in
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from episodic.context import missing_result
 from episodic.models import (
@@ -123,21 +123,13 @@ class HeadCounters:
         )
 
 
+#: The head columns (and Conversation fields) that the log determines.
+COUNTER_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(HeadCounters))
+
+
 def counters_of(head: Conversation) -> HeadCounters:
     """The log-derived counters of a stored head."""
-    return HeadCounters(
-        last_seq=head.last_seq,
-        boundary_seq=head.boundary_seq,
-        covers_through_seq=head.covers_through_seq,
-        total_user_messages=head.total_user_messages,
-        user_messages_since_boundary=head.user_messages_since_boundary,
-        run_completed_since_boundary=head.run_completed_since_boundary,
-        user_messages_since_run_completed=head.user_messages_since_run_completed,
-        context_tokens=head.context_tokens,
-        usage_input_tokens=head.usage_input_tokens,
-        tokens_since_usage=head.tokens_since_usage,
-        open_tool_calls=head.open_tool_calls,
-    )
+    return HeadCounters(**{name: getattr(head, name) for name in COUNTER_FIELDS})
 
 
 def rebuild_head(events: Iterable[StoredEvent]) -> HeadCounters:
