@@ -90,15 +90,7 @@ def plan_boundary(
 ) -> BoundaryWrite:
     """Check the write against the locked head and the events after the cut, and build it."""
     counters = head.counters
-    if counters.boundary_seq != request.expected_boundary_seq:
-        raise ConflictError(
-            f"conversation {conversation_id} has boundary {counters.boundary_seq}, not the "
-            f"expected {request.expected_boundary_seq}: a newer boundary was written meanwhile. "
-            "Nothing was written; reload the context and summarize again.",
-            conversation_id=conversation_id,
-            expected_seq=request.expected_boundary_seq,
-            actual_seq=counters.boundary_seq,
-        )
+    # The lease first: a worker that lost it learns that, whatever else changed since.
     if request.lease_token is not None and (
         head.lease_token != request.lease_token
         or head.lease_expires_at is None
@@ -108,6 +100,15 @@ def plan_boundary(
             f"the compaction lease on conversation {conversation_id} expired or was taken over; "
             "the boundary was not written",
             conversation_id=conversation_id,
+        )
+    if counters.boundary_seq != request.expected_boundary_seq:
+        raise ConflictError(
+            f"conversation {conversation_id} has boundary {counters.boundary_seq}, not the "
+            f"expected {request.expected_boundary_seq}: a newer boundary was written meanwhile. "
+            "Nothing was written; reload the context and summarize again.",
+            conversation_id=conversation_id,
+            expected_seq=request.expected_boundary_seq,
+            actual_seq=counters.boundary_seq,
         )
     _check_cut(conversation_id, request.covers_through_seq, counters, tail)
 

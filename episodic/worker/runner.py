@@ -167,14 +167,14 @@ class CompactionWorker:
             return
         pending = set(self._in_flight)
         _, still_running = await asyncio.wait(pending, timeout=self.shutdown_grace)
-        for task in still_running:
+        # Take the claims now: each task removes itself from _in_flight when it ends.
+        unfinished = [(task, self._in_flight[task]) for task in still_running]
+        for task, _ in unfinished:
             task.cancel()
-        for task in still_running:
-            claim = self._in_flight.get(task)
+        for task, claim in unfinished:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            if claim is not None:
-                await self._release(claim)
+            await self._release(claim)
 
     async def _release(self, claim: Claim) -> None:
         now = datetime.now(UTC)

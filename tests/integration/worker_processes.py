@@ -1,0 +1,239 @@
+"""Helpers for tests that run real ``episodic worker`` processes against PostgreSQL.
+
+Workers are the installed console script, started with ``subprocess.Popen`` (the test's event
+loop stays free to serve the fake OpenAI server while they run), logging to a file each, with
+an environment holding no ``EPISODIC_*`` variable but the ones the test sets. Every wait is
+bounded; :class:`WorkerProcesses` kills whatever it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+from sqlalchemy.engine import make_url
+
+from episodic import EpisodicStore, Message
+from tests.support_openai import FakeOpenAIServer, Reply
+
+__all__ = [
+    "EPISODIC",
+    "TimedOpenAIServer",
+    "WorkerProcess",
+    "WorkerProcesses",
+    "asyncpg_dsn",
+    "boundaries_of",
+    "create_due_conversation",
+    "message_rows",
+    "wait_until",
+    "worker_environment",
+]
+
+EPISODIC = Path(sys.executable).parent / "episodic"
+STARTED = re.compile(r"worker (\S+) started")
+
+
+def asyncpg_dsn(url: str) -> str:
+    """``postgresql+asyncpg://...`` as a DSN asyncpg accepts."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def worker_environment(database_url: str, settings: Mapping[str, object]) -> dict[str, str]:
+    """This process's environment without any ``EPISODIC_*`` variable, plus the database and
+    ``settings`` (``lease_seconds=3`` becomes ``EPISODIC_LEASE_SECONDS=3``)."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("EPISODIC_")}
+    env["EPISODIC_DATABASE_URL"] = database_url
+    env["PYTHONUNBUFFERED"] = "1"
+    # The fake summarizer listens on 127.0.0.1: never send that through a proxy.
+    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+    for name, value in settings.items():
+        env[f"EPISODIC_{name.upper()}"] = str(value)
+    return env
+
+
+async def wait_until(
+    condition: Callable[[], Awaitable[bool]] | Callable[[], bool],
+    *,
+    within: float,
+    what: str,
+    interval: float = 0.05,
+    describe: Callable[[], str] | None = None,
+) -> float:
+    """Poll ``condition`` (sync or async) until it holds; return the seconds it took. Fails
+    with ``what`` (and ``describe()``, e.g. worker logs) after ``within`` seconds."""
+    started = time.monotonic()
+    while True:
+        result = condition()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return time.monotonic() - started
+        if time.monotonic() - started > within:
+            detail = f"\n{describe()}" if describe is not None else ""
+            raise AssertionError(f"timed out after {within:g} s waiting for {what}{detail}")
+        await asyncio.sleep(interval)
+
+
+class WorkerProcess:
+    """One ``episodic worker`` process and its log file."""
+
+    def __init__(self, name: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.name = name
+        self.process = process
+        self.log_path = log_path
+        self.worker_id: str | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 30) -> str:
+        return f"--- {self.name} (pid {self.pid}) log tail ---\n" + "\n".join(
+            self.log().splitlines()[-lines:]
+        )
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def send(self, sig: signal.Signals) -> None:
+        self.process.send_signal(sig)
+
+    async def wait_started(self, within: float = 20.0) -> str:
+        """Wait for the "worker ... started" line; return the worker id it names (the value
+        of the attempts ledger's ``worker`` column)."""
+
+        def started() -> bool:
+            if not self.alive():
+                raise AssertionError(f"{self.name} exited early\n{self.log_tail()}")
+            return STARTED.search(self.log()) is not None
+
+        await wait_until(
+            started, within=within, what=f"{self.name} to start", describe=self.log_tail
+        )
+        match = STARTED.search(self.log())
+        assert match is not None
+        self.worker_id = match.group(1)
+        return self.worker_id
+
+    async def wait_exit(self, within: float) -> int:
+        await wait_until(
+            lambda: not self.alive(),
+            within=within,
+            what=f"{self.name} to exit",
+            describe=self.log_tail,
+        )
+        code = self.process.returncode
+        assert code is not None
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL (works on a stopped process too) and reap."""
+        if self.process.poll() is None:
+            self.process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+
+
+class WorkerProcesses:
+    """Starts worker processes for one database and kills all of them in :meth:`kill_all`."""
+
+    def __init__(self, database_url: str, directory: Path) -> None:
+        self.database_url = database_url
+        self.directory = directory
+        self.started: list[WorkerProcess] = []
+
+    def start(self, name: str, **settings: object) -> WorkerProcess:
+        log_path = self.directory / f"{name}.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [str(EPISODIC), "worker"],
+                env=worker_environment(self.database_url, settings),
+                cwd=self.directory,  # no .env file there
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C to pytest does not reach the workers
+            )
+        worker = WorkerProcess(name, process, log_path)
+        self.started.append(worker)
+        return worker
+
+    def logs(self) -> str:
+        return "\n".join(worker.log_tail() for worker in self.started)
+
+    def kill_all(self) -> None:
+        for worker in self.started:
+            worker.kill()
+
+
+class TimedOpenAIServer(FakeOpenAIServer):
+    """The fake OpenAI server, also noting when each request arrived (``time.monotonic()``),
+    so a test knows when a delayed reply can have been sent at the earliest."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.arrivals: list[float] = []
+
+    def _next_reply(self) -> Reply:
+        # Called once per request, right after it is recorded.
+        self.arrivals.append(time.monotonic())
+        return super()._next_reply()
+
+
+async def create_due_conversation(store: EpisodicStore, label: str) -> UUID:
+    """A conversation of two finished turns, due by the unfinished-turns rule when the store's
+    trigger says ``trigger_unfinished_turns=2``."""
+    conversation = await store.create_conversation()
+    await store.append(
+        conversation,
+        [
+            Message.user(f"{label}: please list the files"),
+            Message.assistant(f"{label}: there are three files"),
+            Message.user(f"{label}: now summarise the largest one"),
+            Message.assistant(f"{label}: it is a report about quarterly sales"),
+        ],
+    )
+    return conversation
+
+
+async def boundaries_of(conn: asyncpg.Connection, conversation: UUID) -> list[asyncpg.Record]:
+    """The boundary events of ``conversation``: seq, covers_through_seq, summary, created_at."""
+    return list(
+        await conn.fetch(
+            """
+            SELECT seq, (payload::jsonb ->> 'covers_through_seq')::bigint AS covers_through_seq,
+                   payload::jsonb ->> 'summary' AS summary, created_at
+              FROM episodic_events
+             WHERE conversation_id = $1 AND kind = 'boundary'
+             ORDER BY seq
+            """,
+            conversation,
+        )
+    )
+
+
+async def message_rows(conn: asyncpg.Connection, conversation: UUID) -> list[tuple[Any, ...]]:
+    """Every non-boundary event row of ``conversation``, every column: the raw log."""
+    rows = await conn.fetch(
+        "SELECT * FROM episodic_events WHERE conversation_id = $1 AND kind <> 'boundary' "
+        "ORDER BY seq",
+        conversation,
+    )
+    return [tuple(row.values()) for row in rows]
