@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
@@ -14,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from episodic.demo import run_demo
 from episodic.errors import EpisodicError
 from episodic.models import BoundaryEvent, Message, MessageEvent, RunCompletedEvent, StoredEvent
 from episodic.settings import EpisodicSettings
@@ -226,6 +228,26 @@ def compact(
             raise typer.Exit(1)
 
     _run(work, database_url, settings)
+
+
+@app.command()
+def demo(
+    directory: Annotated[
+        Path | None,
+        typer.Option(
+            "--directory",
+            file_okay=False,
+            help="Where to create episodic-demo.db \\[default: a new temporary directory]",
+        ),
+    ] = None,
+) -> None:
+    """Play a long agent session into a SQLite file, let the worker compact it, and show the
+    raw log beside the context the next request would load. No server, no API key."""
+    try:
+        asyncio.run(run_demo(directory, console=console, settings=EpisodicSettings()))
+    except EpisodicError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(1) from exc
 
 
 async def _print_context(
