@@ -59,6 +59,9 @@ class RoundTripCounter:
     target_port: int
     round_trips: int = 0
     messages: list[bytes] = field(default_factory=list)
+    #: when above zero, the next requests are not forwarded: the connection is cut instead,
+    #: as a network fault or a crashed server would
+    cut_requests: int = 0
     _server: asyncio.Server | None = None
 
     async def start(self) -> int:
@@ -107,6 +110,9 @@ class RoundTripCounter:
                 body = await reader.readexactly(length - 4)
                 self.messages.append(kind)
                 if kind in (b"S", b"Q"):
+                    if self.cut_requests > 0:
+                        self.cut_requests -= 1
+                        return
                     self.round_trips += 1
                 writer.write(kind + struct.pack("!I", length) + body)
                 await writer.drain()

@@ -52,6 +52,7 @@ from episodic.store.due import check_overrides, pressure_from
 from episodic.store.engine import parse_database_url
 from episodic.store.postgres import PostgresBackend
 from episodic.store.projection import abandoned_result_tokens, counters_of
+from episodic.store.retry import retry_transient
 from episodic.store.sqlite import SqliteBackend
 from episodic.tokens import TokenEstimator, estimator_from_name
 
@@ -165,7 +166,7 @@ class EpisodicStore:
     async def get_conversation(self, conversation_id: UUID | str) -> Conversation:
         """The conversation's head: tenant, metadata and counters."""
         cid = parse_conversation_id(conversation_id)
-        head = await self._backend.get_conversation(cid)
+        head = await retry_transient(lambda: self._backend.get_conversation(cid), safe=True)
         if head is None:
             raise NotFoundError(cid)
         return head
@@ -188,6 +189,10 @@ class EpisodicStore:
         it when no key is given). ``expected_seq``: refuse with :class:`ConflictError` unless
         the conversation's last seq is this. ``usage``: the provider-reported usage of the
         model call that produced these messages. One round trip on PostgreSQL.
+
+        A dropped connection is retried only when the batch is keyed (idempotency key or
+        client ids), since only then is a retry of a write that did commit harmless; otherwise
+        it surfaces as :class:`TransientDatabaseError`, and the caller decides.
         """
         cid = parse_conversation_id(conversation_id)
         if expected_seq is not None:
@@ -200,7 +205,10 @@ class EpisodicStore:
             idempotency_key=idempotency_key,
             usage=usage,
         )
-        result = await self._backend.append(cid, batch, expected_seq, self.trigger)
+        result = await retry_transient(
+            lambda: self._backend.append(cid, batch, expected_seq, self.trigger),
+            safe=batch.idempotency_key is not None,
+        )
         _raise_for_refusal(cid, result, expected_seq=expected_seq, key=idempotency_key)
         assert result.seq is not None
         assert result.created_at is not None
@@ -233,7 +241,9 @@ class EpisodicStore:
         _check_seq(after_seq, "after_seq")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_READ_LIMIT:
             raise ValidationError(f"limit must be between 1 and {MAX_READ_LIMIT}", field="limit")
-        found = await self._backend.read_events(cid, after_seq, limit)
+        found = await retry_transient(
+            lambda: self._backend.read_events(cid, after_seq, limit), safe=True
+        )
         if not found and await self._backend.get_conversation(cid) is None:
             raise NotFoundError(cid)
         return found
@@ -331,7 +341,7 @@ class EpisodicStore:
         """``load_context`` plus the raw events after the latest cut, for the compaction
         worker, which needs them to find a safe cut (still one statement)."""
         cid = parse_conversation_id(conversation_id)
-        loaded = await self._backend.load_tail(cid)
+        loaded = await retry_transient(lambda: self._backend.load_tail(cid), safe=True)
         if loaded is None:
             raise NotFoundError(cid)
         boundary = next(
@@ -398,7 +408,7 @@ class EpisodicStore:
 
     async def compaction_status(self, *, recent: int = 10) -> CompactionStatus:
         """Counts of due, leased, failing and dead conversations, and the latest attempts."""
-        return await self._backend.status(recent)
+        return await retry_transient(lambda: self._backend.status(recent), safe=True)
 
     async def pressure(
         self, conversation_id: UUID | str, *, now: datetime | None = None
