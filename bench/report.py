@@ -96,3 +96,36 @@ def document(report: Report, meta: dict[str, str]) -> str:
             "",
         ]
     )
+
+
+def section_of(text: str, heading: str) -> str:
+    """The ``## heading`` section of a markdown ``text`` (to the next ``## `` heading or the
+    end), or ``""``."""
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == f"## {heading}"), None)
+    if start is None:
+        return ""
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return "".join(lines[start:end])
+
+
+def sections(text: str) -> str:
+    """Everything from the first ``## `` heading of ``text`` on (``""`` when it has none)."""
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
+    return "".join(lines[start:])
+
+
+def with_section(text: str, heading: str, section: str) -> str:
+    """``text`` with its ``## heading`` section replaced in place by ``section`` (appended
+    when it has none; removed when ``section`` is empty)."""
+    old = section_of(text, heading)
+    section = section.rstrip("\n")
+    if old:
+        rest = old[len(old.rstrip("\n")) :]  # the blank lines before the next heading
+        new = section + (rest or "\n") if section else ""
+        return text.replace(old, new, 1).rstrip("\n") + "\n"
+    text = text.rstrip("\n")
+    if section:
+        text = (text + "\n\n" if text else "") + section
+    return text + "\n"
