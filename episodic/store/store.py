@@ -48,6 +48,7 @@ from episodic.store.boundaries import (
     plan_boundary,
     validate_request,
 )
+from episodic.store.codec import utc
 from episodic.store.due import check_overrides, pressure_from
 from episodic.store.engine import parse_database_url
 from episodic.store.postgres import PostgresBackend
@@ -227,7 +228,7 @@ class EpisodicStore:
         return RunCompletedEvent(
             conversation_id=cid,
             seq=result.seq,
-            created_at=_aware(result.created_at),
+            created_at=utc(result.created_at),
             token_estimate=self._abandoned_tokens * len(abandoned),
             abandoned_tool_call_ids=abandoned,
         )
@@ -308,7 +309,7 @@ class EpisodicStore:
         written = await self._backend.write_boundary(cid, covers_through_seq, plan, attempt)
         if written is None:
             raise NotFoundError(cid)
-        return written.event.model_copy(update={"created_at": _aware(written.event.created_at)})
+        return written.event.model_copy(update={"created_at": utc(written.event.created_at)})
 
     async def load_context(
         self, conversation_id: UUID | str, *, max_tool_result_tokens: int | None = None
@@ -460,14 +461,10 @@ def _check_tenant(tenant_id: Any) -> None:
         )
 
 
-def _aware(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
 def _stored_batch(
     cid: UUID, batch: PreparedBatch, first_seq: int, created_at: datetime
 ) -> list[MessageEvent]:
-    created = _aware(created_at)
+    created = utc(created_at)
     return [
         MessageEvent(
             conversation_id=cid,
