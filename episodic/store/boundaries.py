@@ -19,6 +19,7 @@ from episodic.errors import ConflictError, LeaseLostError, UnsafeCutError, Valid
 from episodic.models import BoundaryEvent, Message, MessageEvent, RetentionMode, StoredEvent, Usage
 from episodic.rendering import context_token_estimate
 from episodic.store.batch import encode_json
+from episodic.store.due import pressure_from
 from episodic.store.projection import HeadCounters
 from episodic.tokens import TokenEstimator
 
@@ -51,6 +52,8 @@ class HeadState:
     counters: HeadCounters
     lease_token: UUID | None
     lease_expires_at: datetime | None
+    created_at: datetime
+    boundary_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,8 @@ class BoundaryWrite:
     event: BoundaryEvent
     payload: str
     counters: HeadCounters
+    #: the lease the write is fenced by (None for writes outside the worker)
+    lease_token: UUID | None = None
 
 
 def validate_request(request: BoundaryRequest) -> None:
@@ -129,7 +134,11 @@ def plan_boundary(
         retained_token_estimates=retained_tokens,
         retention=request.retention,
         reason=request.reason,
-        pressure=request.pressure,
+        # The pressure the boundary was written under: as given, else as the head shows it.
+        pressure=request.pressure
+        or pressure_from(
+            counters, created_at=head.created_at, boundary_at=head.boundary_at, now=now
+        ).model_dump(mode="json"),
         usage=request.usage,
         model=request.model,
         prompt_version=request.prompt_version,
@@ -137,7 +146,9 @@ def plan_boundary(
     )
     after = counters.after_boundary(draft, tail)
     event = draft.model_copy(update={"tokens_after": after.context_tokens})
-    return BoundaryWrite(event=event, payload=_payload(event), counters=after)
+    return BoundaryWrite(
+        event=event, payload=_payload(event), counters=after, lease_token=request.lease_token
+    )
 
 
 def _payload(event: BoundaryEvent) -> str:

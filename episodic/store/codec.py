@@ -103,12 +103,13 @@ def decode_counters(row: Mapping[str, Any]) -> HeadCounters:
 
 def decode_head_state(row: Mapping[str, Any]) -> HeadState:
     """A locked head row, as a boundary write needs it."""
-    expires = row["lease_expires_at"]
     return HeadState(
         tenant_id=row["tenant_id"],
         counters=decode_counters(row),
         lease_token=row["lease_token"],
-        lease_expires_at=utc(expires) if expires is not None else None,
+        lease_expires_at=_utc_or_none(row["lease_expires_at"]),
+        created_at=utc(row["created_at"]),
+        boundary_at=_utc_or_none(row["boundary_at"]),
     )
 
 

@@ -17,6 +17,7 @@ import orjson
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
+from episodic.errors import ConflictError
 from episodic.models import Conversation, StoredEvent
 from episodic.policy import EpisodicCompactionConfig
 from episodic.store.attempts import (
@@ -77,34 +78,57 @@ SELECT c.last_seq, c.boundary_seq, e.seq, e.kind, e.created_at, e.token_estimate
  ORDER BY e.seq
 """
 
-LOCK_HEAD = """
-SELECT *, now() AS database_now FROM episodic_conversations WHERE conversation_id = $1 FOR UPDATE
+# A boundary is written optimistically, without holding a lock while Python plans it: read
+# the head and the events after the cut in one statement, plan, then write in one statement
+# that applies only if the head is still the one read (same last seq, same boundary, lease
+# still held). If anything moved, plan again on the new state. Two round trips, no explicit
+# transaction.
+READ_HEAD_AND_TAIL = """
+SELECT c.*, now() AS database_now,
+       e.seq AS event_seq, e.kind, e.created_at AS event_created_at, e.token_estimate,
+       e.payload, e.usage
+  FROM episodic_conversations c
+  LEFT JOIN episodic_events e
+         ON e.conversation_id = c.conversation_id AND e.seq > $2 AND e.seq <= c.last_seq
+ WHERE c.conversation_id = $1
+ ORDER BY e.seq
 """
 
-INSERT_BOUNDARY = """
-INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at, token_estimate,
-                             payload, usage)
-VALUES ($1, $2, $3, 'boundary', $4, $5, $6, NULL)
+WRITE_BOUNDARY = """
+WITH head AS (
+    UPDATE episodic_conversations SET
+        last_seq = $3, boundary_seq = $3, covers_through_seq = $4,
+        user_messages_since_boundary = $5, run_completed_since_boundary = $6,
+        user_messages_since_run_completed = $7, context_tokens = $8,
+        usage_input_tokens = NULL, tokens_since_usage = 0,
+        due_since = NULL, due_reason = NULL, lease_owner = NULL, lease_token = NULL,
+        lease_expires_at = NULL, compaction_attempts = 0, next_attempt_at = NULL,
+        last_error = NULL, dead_since = NULL, boundary_at = $9
+     WHERE conversation_id = $1
+       AND last_seq = $2
+       AND boundary_seq IS NOT DISTINCT FROM $10
+       AND ($11::uuid IS NULL OR (lease_token = $11 AND lease_expires_at > now()))
+    RETURNING tenant_id
+), boundary AS (
+    INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
+                                 token_estimate, payload)
+    SELECT $1, $3, tenant_id, 'boundary', $9, $12, $13 FROM head
+    RETURNING seq
+), attempt AS (
+    INSERT INTO episodic_compaction_attempts (
+        conversation_id, attempt_id, tenant_id, worker, reason, outcome, error, started_at,
+        finished_at, usage, model, tokens_before, tokens_after, boundary_seq
+    )
+    SELECT $1, $14::uuid, tenant_id, $15, $16, $17, $18, $19, $20, $21::jsonb, $22, $23,
+           $24, $3
+      FROM head
+     WHERE $14::uuid IS NOT NULL
+)
+SELECT count(*) FROM boundary
 """
 
-STORE_HEAD_AFTER_BOUNDARY = """
-UPDATE episodic_conversations SET
-    last_seq = $2, boundary_seq = $3, covers_through_seq = $4,
-    user_messages_since_boundary = $5, run_completed_since_boundary = $6,
-    user_messages_since_run_completed = $7, context_tokens = $8,
-    usage_input_tokens = NULL, tokens_since_usage = 0,
-    due_since = NULL, due_reason = NULL, lease_owner = NULL, lease_token = NULL,
-    lease_expires_at = NULL, compaction_attempts = 0, next_attempt_at = NULL,
-    last_error = NULL, dead_since = NULL, boundary_at = $9
- WHERE conversation_id = $1
-"""
-
-INSERT_ATTEMPT = """
-INSERT INTO episodic_compaction_attempts (
-    conversation_id, attempt_id, tenant_id, worker, reason, outcome, error, started_at,
-    finished_at, usage, model, tokens_before, tokens_after, boundary_seq
-) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
-"""
+#: Plans of a boundary that a busy conversation may force before the write gives up.
+BOUNDARY_WRITE_TRIES = 20
 
 # Claims in one statement: SKIP LOCKED lets any number of workers share the queue without
 # waiting on each other or on appends that hold a head row.
@@ -314,40 +338,47 @@ class PostgresBackend:
         plan: PlanBoundary,
         attempt: AttemptRecord | None,
     ) -> BoundaryWrite | None:
-        with translated_errors():
-            async with self._pool.acquire() as conn, conn.transaction():
-                head = await conn.fetchrow(LOCK_HEAD, conversation_id)
-                if head is None:
-                    return None
-                rows = await conn.fetch(READ_EVENTS, conversation_id, covers_through_seq, None)
-                tail = [decode_event_row(conversation_id, row) for row in rows]
-                write = plan(decode_head_state(head), tail, head["database_now"])
-                event, after = write.event, write.counters
-                await conn.execute(
-                    INSERT_BOUNDARY,
-                    conversation_id,
-                    event.seq,
-                    head["tenant_id"],
-                    event.created_at,
-                    event.token_estimate,
-                    write.payload,
+        for _ in range(BOUNDARY_WRITE_TRIES):
+            with translated_errors():
+                rows = await self._pool.fetch(
+                    READ_HEAD_AND_TAIL, conversation_id, covers_through_seq
                 )
-                await conn.execute(
-                    STORE_HEAD_AFTER_BOUNDARY,
+            if not rows:
+                return None
+            head = rows[0]
+            tail = [
+                decode_event_row(conversation_id, _event_columns(row))
+                for row in rows
+                if row["event_seq"] is not None
+            ]
+            write = plan(decode_head_state(head), tail, head["database_now"])
+            event, after = write.event, write.counters
+            done = attempt.with_boundary(event.seq, event.tokens_after) if attempt else None
+            with translated_errors():
+                written = await self._pool.fetchval(
+                    WRITE_BOUNDARY,
                     conversation_id,
-                    after.last_seq,
-                    after.boundary_seq,
+                    head["last_seq"],
+                    event.seq,
                     after.covers_through_seq,
                     after.user_messages_since_boundary,
                     after.run_completed_since_boundary,
                     after.user_messages_since_run_completed,
                     after.context_tokens,
                     event.created_at,
+                    head["boundary_seq"],
+                    write.lease_token,
+                    event.token_estimate,
+                    write.payload,
+                    *_attempt_values(done),
                 )
-                if attempt is not None:
-                    done = attempt.with_boundary(event.seq, event.tokens_after)
-                    await conn.execute(INSERT_ATTEMPT, *done.row().values())
-        return write
+            if written:
+                return write
+        raise ConflictError(
+            f"conversation {conversation_id} kept changing while its boundary was written "
+            f"({BOUNDARY_WRITE_TRIES} tries); nothing was written",
+            conversation_id=conversation_id,
+        )
 
     async def claim(self, owner: str, limit: int, lease_seconds: float) -> list[Claim]:
         with translated_errors():
@@ -444,6 +475,35 @@ class PostgresBackend:
 
     async def close(self) -> None:
         await self._pool.close()
+
+
+def _event_columns(row: Any) -> dict[str, Any]:
+    return {
+        "seq": row["event_seq"],
+        "kind": row["kind"],
+        "created_at": row["event_created_at"],
+        "token_estimate": row["token_estimate"],
+        "payload": row["payload"],
+        "usage": row["usage"],
+    }
+
+
+def _attempt_values(attempt: AttemptRecord | None) -> tuple[Any, ...]:
+    if attempt is None:
+        return (None,) * 11
+    return (
+        attempt.attempt_id,
+        attempt.worker,
+        attempt.reason,
+        attempt.outcome,
+        attempt.error,
+        attempt.started_at,
+        attempt.finished_at,
+        attempt.usage,
+        attempt.model,
+        attempt.tokens_before,
+        attempt.tokens_after,
+    )
 
 
 def _claim(row: Any) -> Claim:

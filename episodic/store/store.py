@@ -279,6 +279,7 @@ class EpisodicStore:
         separate a tool call from its result (:class:`UnsafeCutError`). Messages appended
         after the cut, even while the summary was being written, stay in the context.
         ``attempt`` (the compaction worker's) is recorded in the same transaction.
+        ``pressure`` is recorded on the boundary; by default, the head's at the time of writing.
         """
         cid = parse_conversation_id(conversation_id)
         if expected_boundary_seq is not None:

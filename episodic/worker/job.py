@@ -129,7 +129,6 @@ async def compact_claimed(
             record = replace(record, error=error)
             outcome = "fallback"
         finalized = finalize_compaction(prepared.plan, result.text)
-        pressure = await store.pressure(claim.conversation_id)
         record = replace(
             record,
             outcome=outcome,
@@ -149,7 +148,6 @@ async def compact_claimed(
             lease_token=claim.lease_token,
             prompt_version=PROMPT_VERSION,
             tokens_before=tokens_before,
-            pressure=pressure,
             attempt=record,
         )
         return JobResult(

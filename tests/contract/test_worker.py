@@ -84,6 +84,9 @@ async def test_worker_compacts_a_due_conversation(store: EpisodicStore, database
     assert ctx.boundary.usage == Usage(input_tokens=10, output_tokens=5)
     assert ctx.boundary.covers_through_seq == 12
     assert ctx.boundary.tokens_before == before.estimated_tokens
+    # The pressure it was written under, from the head at the time of writing.
+    assert ctx.boundary.pressure["user_messages_after_latest_run_completed"] == 3
+    assert ctx.boundary.pressure["estimated_context_tokens"] == before.estimated_tokens
     assert [m.text for m in ctx.messages[1:]] == ["request 0", "request 1", "request 2"]
     head = await store.get_conversation(conv)
     assert head.due_since is None
