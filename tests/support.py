@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,11 +14,19 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
+from episodic.settings import EpisodicSettings
+from episodic.store import EpisodicStore
 from episodic.store.engine import sqlalchemy_url
 from episodic.store.projection import counters_of
 from episodic.store.schema import metadata
 
-__all__ = ["RoundTripCounter", "counters_of", "execute_raw", "snapshot"]
+__all__ = [
+    "RoundTripCounter",
+    "counters_of",
+    "execute_raw",
+    "snapshot",
+    "store_through_proxy",
+]
 
 TABLES = ("episodic_conversations", "episodic_events", "episodic_compaction_attempts")
 
@@ -120,3 +130,20 @@ class RoundTripCounter:
             pass
         finally:
             writer.close()
+
+
+@asynccontextmanager
+async def store_through_proxy(
+    postgres_url: str, *, pool_max_size: int = 1
+) -> AsyncIterator[tuple[EpisodicStore, RoundTripCounter]]:
+    """A store whose every connection goes through a :class:`RoundTripCounter`."""
+    target = make_url(postgres_url)
+    proxy = RoundTripCounter(target.host or "127.0.0.1", target.port or 5432)
+    port = await proxy.start()
+    settings = EpisodicSettings(_env_file=None, pool_min_size=1, pool_max_size=pool_max_size)
+    store = await EpisodicStore.open(proxy.url_through(postgres_url, port), settings=settings)
+    try:
+        yield store, proxy
+    finally:
+        await store.close()
+        await proxy.stop()

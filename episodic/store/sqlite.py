@@ -301,43 +301,12 @@ class SqliteBackend:
                         .limit(limit)
                     )
                 ).all()
-                claims = []
-                for (conversation_id,) in rows:
-                    token = uuid4()
-                    expires = now + timedelta(seconds=lease_seconds)
-                    await conn.execute(
-                        update(conversations)
-                        .where(head.conversation_id == conversation_id)
-                        .values(
-                            lease_owner=owner,
-                            lease_token=token,
-                            lease_expires_at=expires,
-                            compaction_attempts=head.compaction_attempts + 1,
-                        )
-                    )
-                    row = await _head(conn, conversation_id)
-                    assert row is not None
-                    claims.append(
-                        Claim(
-                            conversation_id=conversation_id,
-                            tenant_id=row["tenant_id"],
-                            lease_token=token,
-                            lease_expires_at=expires,
-                            attempt=row["compaction_attempts"],
-                            reason=row["due_reason"] or "manual_recovery",
-                            boundary_seq=row["boundary_seq"],
-                            claimed_at=now,
-                        )
-                    )
-        return claims
+                return [await _take_lease(conn, cid, owner, lease_seconds, now) for (cid,) in rows]
 
     async def claim_conversation(
         self, conversation_id: UUID, owner: str, lease_seconds: float, reason: str
     ) -> Claim | None:
         now = datetime.now(UTC)
-        head = conversations.c
-        token = uuid4()
-        expires = now + timedelta(seconds=lease_seconds)
         with translated_errors():
             async with self._write() as conn:
                 row = await _head(conn, conversation_id)
@@ -346,30 +315,17 @@ class SqliteBackend:
                 lease_end = row["lease_expires_at"]
                 if lease_end is not None and utc(lease_end) > now:
                     return None
-                await conn.execute(
-                    update(conversations)
-                    .where(head.conversation_id == conversation_id)
-                    .values(
-                        lease_owner=owner,
-                        lease_token=token,
-                        lease_expires_at=expires,
-                        compaction_attempts=head.compaction_attempts + 1,
-                        due_since=row["due_since"] or now,
-                        due_reason=reason,
-                        next_attempt_at=now,
-                        dead_since=None,
-                    )
+                return await _take_lease(
+                    conn,
+                    conversation_id,
+                    owner,
+                    lease_seconds,
+                    now,
+                    due_since=row["due_since"] or now,
+                    due_reason=reason,
+                    next_attempt_at=now,
+                    dead_since=None,
                 )
-        return Claim(
-            conversation_id=conversation_id,
-            tenant_id=row["tenant_id"],
-            lease_token=token,
-            lease_expires_at=expires,
-            attempt=row["compaction_attempts"] + 1,
-            reason=reason,
-            boundary_seq=row["boundary_seq"],
-            claimed_at=now,
-        )
 
     async def listen_for_due(self, wake: Callable[[], None]) -> Closer | None:
         return None  # SQLite cannot notify; the worker polls
@@ -518,6 +474,43 @@ async def _save_counters(
         update(conversations)
         .where(conversations.c.conversation_id == conversation_id)
         .values(**counter_values(counters), **extra)
+    )
+
+
+async def _take_lease(
+    conn: AsyncConnection,
+    conversation_id: UUID,
+    owner: str,
+    lease_seconds: float,
+    now: datetime,
+    **extra: Any,
+) -> Claim:
+    """Lease the conversation (inside the caller's write transaction) and count the attempt."""
+    head = conversations.c
+    token = uuid4()
+    expires = now + timedelta(seconds=lease_seconds)
+    await conn.execute(
+        update(conversations)
+        .where(head.conversation_id == conversation_id)
+        .values(
+            lease_owner=owner,
+            lease_token=token,
+            lease_expires_at=expires,
+            compaction_attempts=head.compaction_attempts + 1,
+            **extra,
+        )
+    )
+    row = await _head(conn, conversation_id)
+    assert row is not None
+    return Claim(
+        conversation_id=conversation_id,
+        tenant_id=row["tenant_id"],
+        lease_token=token,
+        lease_expires_at=expires,
+        attempt=row["compaction_attempts"],
+        reason=row["due_reason"] or "manual_recovery",
+        boundary_seq=row["boundary_seq"],
+        claimed_at=now,
     )
 
 

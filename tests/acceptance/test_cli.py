@@ -283,3 +283,35 @@ async def test_show_context_prints_what_the_model_sees(populated: Populated, wor
         "now the docs",
     ]
     assert [int(row[3]) for row in rows] == [m.token_estimate for m in expected.messages]
+
+
+async def test_worker_status_and_compact_commands(populated: Populated, workdir: Path) -> None:
+    url = ["--database-url", populated.url]
+    env = clean_env(EPISODIC_TRIGGER_UNFINISHED_TURNS="1")
+    store = await EpisodicStore.open(populated.url, settings=isolated_settings())
+    try:
+        store.trigger = store.trigger.model_copy(update={"trigger_unfinished_turns": 1})
+        await store.append(populated.conversation_id, [Message.user("and the docs, please")])
+    finally:
+        await store.close()
+
+    status = await run_cli_async("status", *url, cwd=workdir, env=env)
+    assert status.code == 0, status.output
+    assert "due=1" in status.stdout
+
+    once = await run_cli_async("worker", "--once", *url, cwd=workdir, env=env)
+    assert once.code == 0, once.output
+    assert "1 attempts: {'succeeded': 1}" in once.stdout
+
+    status = await run_cli_async("status", *url, cwd=workdir, env=env)
+    assert "due=0" in status.stdout
+    assert "succeeded" in status.stdout
+
+    forced = await run_cli_async(
+        "compact", str(populated.conversation_id), *url, cwd=workdir, env=env
+    )
+    assert forced.code == 0, forced.output
+    assert forced.stdout.startswith("succeeded")
+    unknown = await run_cli_async("compact", str(uuid.uuid4()), *url, cwd=workdir, env=env)
+    assert unknown.code == 1
+    assert "does not exist" in unknown.stdout

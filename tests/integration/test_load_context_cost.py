@@ -8,9 +8,8 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from episodic import EpisodicStore, Message, ToolCall
-from episodic.settings import EpisodicSettings
 from episodic.store.postgres import LOAD_TAIL
-from tests.support import RoundTripCounter
+from tests.support import store_through_proxy
 
 
 async def _long_conversation(store: EpisodicStore, *, events: int, tail: int) -> object:
@@ -38,21 +37,13 @@ async def _long_conversation(store: EpisodicStore, *, events: int, tail: int) ->
 
 
 async def test_load_context_is_one_round_trip(postgres_url: str) -> None:
-    target = make_url(postgres_url)
-    counter = RoundTripCounter(target.host or "127.0.0.1", target.port or 5432)
-    port = await counter.start()
-    settings = EpisodicSettings(_env_file=None, pool_min_size=1, pool_max_size=1)
-    store = await EpisodicStore.open(counter.url_through(postgres_url, port), settings=settings)
-    try:
+    async with store_through_proxy(postgres_url) as (store, counter):
         conv = await _long_conversation(store, events=2_000, tail=20)
         await store.load_context(conv)  # prepares the statement on this connection
         before = counter.round_trips
         ctx = await store.load_context(conv)
         assert counter.round_trips - before == 1
         assert len(ctx.messages) == 21
-    finally:
-        await store.close()
-        await counter.stop()
 
 
 @pytest.mark.parametrize("plan_mode", ["force_custom_plan", "force_generic_plan"])

@@ -5,25 +5,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from sqlalchemy.engine import make_url
 
 from episodic import EpisodicStore, Message, ToolCall, Usage
-from episodic.settings import EpisodicSettings
-from tests.support import RoundTripCounter
+from tests.support import RoundTripCounter, store_through_proxy
 
 
 @pytest.fixture
 async def counted(postgres_url: str) -> AsyncIterator[tuple[EpisodicStore, RoundTripCounter]]:
-    target = make_url(postgres_url)
-    counter = RoundTripCounter(target.host or "127.0.0.1", target.port or 5432)
-    port = await counter.start()
-    settings = EpisodicSettings(_env_file=None, pool_min_size=1, pool_max_size=1)
-    store = await EpisodicStore.open(counter.url_through(postgres_url, port), settings=settings)
-    try:
-        yield store, counter
-    finally:
-        await store.close()
-        await counter.stop()
+    async with store_through_proxy(postgres_url) as counted_store:
+        yield counted_store
 
 
 def _batch(size: int, start: int) -> list[Message]:

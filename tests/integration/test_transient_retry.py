@@ -6,25 +6,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from sqlalchemy.engine import make_url
 
 from episodic import EpisodicStore, Message, TransientDatabaseError
-from episodic.settings import EpisodicSettings
-from tests.support import RoundTripCounter
+from tests.support import RoundTripCounter, store_through_proxy
 
 
 @pytest.fixture
 async def cut(postgres_url: str) -> AsyncIterator[tuple[EpisodicStore, RoundTripCounter]]:
-    target = make_url(postgres_url)
-    proxy = RoundTripCounter(target.host or "127.0.0.1", target.port or 5432)
-    port = await proxy.start()
-    settings = EpisodicSettings(_env_file=None, pool_min_size=1, pool_max_size=2)
-    store = await EpisodicStore.open(proxy.url_through(postgres_url, port), settings=settings)
-    try:
-        yield store, proxy
-    finally:
-        await store.close()
-        await proxy.stop()
+    async with store_through_proxy(postgres_url, pool_max_size=2) as proxied:
+        yield proxied
 
 
 async def test_reads_and_keyed_appends_recover_from_a_cut_connection(
