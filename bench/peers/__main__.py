@@ -5,7 +5,8 @@ Each store gets its own throwaway database ``bench_peers_<hex>``, created on the
 ``postgres`` database and always dropped (``DROP DATABASE ... WITH (FORCE)``), also on Ctrl-C or
 SIGTERM. Raw asyncpg runs first and again last; its figure is the mean of the two runs. A peer
 whose package is missing is skipped and said so; a peer that hits a time cap reports how far it
-got. Results are printed, written to ``bench/PEERS.md``, and plotted to
+got. episodic is also loaded behind a compaction boundary (a fourth workload, episodic's
+alone). Results are printed, written to ``bench/PEERS.md``, and plotted to
 ``bench/load_latency.png``. Nothing asserts on timings.
 """
 
@@ -28,8 +29,16 @@ from types import FrameType
 
 from bench import db
 from bench.peers import workloads
-from bench.peers.report import StoreResult, figures, plot, tables
-from bench.peers.stores import Episodic, GoogleADK, LangGraph, OpenAIAgents, Raw, Store
+from bench.peers.report import StoreResult, boundary_table, figures, plot, tables
+from bench.peers.stores import (
+    GROW_BATCH,
+    Episodic,
+    GoogleADK,
+    LangGraph,
+    OpenAIAgents,
+    Raw,
+    Store,
+)
 
 HERE = Path(__file__).resolve().parent.parent
 OUTPUT = HERE / "PEERS.md"
@@ -57,6 +66,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="history lengths for the load workload, comma-separated, even (%(default)s)",
     )
     p.add_argument("--loads", type=int, default=20, help="timed loads per length (%(default)s)")
+    p.add_argument(
+        "--boundary-sizes",
+        default=None,
+        help="history lengths before the boundary for episodic's loads behind one, "
+        "comma-separated, even (default: --sizes plus 20000)",
+    )
+    p.add_argument(
+        "--tail", type=int, default=200, help="messages after the boundary (%(default)s)"
+    )
+    p.add_argument(
+        "--boundary-rounds", type=int, default=4, help="rounds the loads rotate in (%(default)s)"
+    )
+    p.add_argument(
+        "--cap-boundary",
+        type=float,
+        default=60.0,
+        help="seconds of growth for the loads behind a boundary (%(default)s)",
+    )
     p.add_argument("--tasks", type=int, default=8)
     p.add_argument("--conversations", type=int, default=50, help="per task (%(default)s)")
     p.add_argument("--per-task", type=int, default=500, help="messages per task (%(default)s)")
@@ -80,6 +107,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.size_list = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     if any(s <= 0 or s % 2 for s in args.size_list) or args.appends % 2 or args.per_task % 2:
         p.error("sizes, --appends and --per-task must be even (LangGraph appends pairs)")
+    if args.boundary_sizes is None:
+        args.boundary_list = sorted({*args.size_list, 20_000})
+    else:
+        args.boundary_list = sorted({int(s) for s in args.boundary_sizes.split(",") if s.strip()})
+    if any(s < 2 for s in args.boundary_list) or args.tail < 1 or args.boundary_rounds < 1:
+        p.error("--boundary-sizes must be at least 2, --tail and --boundary-rounds at least 1")
     return args
 
 
@@ -140,6 +173,18 @@ async def _exercise(store: Store, url: str, args: argparse.Namespace, r: StoreRe
         r.loads = await workloads.loads(
             store, args.size_list, args.loads, args.cap_loads, args.cap_load_size, log
         )
+        if isinstance(store, Episodic):
+            log(f"{store.key}: loads behind a boundary at {args.boundary_list}")
+            r.boundary = await workloads.boundary_loads(
+                store,
+                args.boundary_list,
+                args.tail,
+                args.loads,
+                args.boundary_rounds,
+                args.cap_boundary,
+                args.cap_load_size,
+                log,
+            )
     finally:
         await store.close()
 
@@ -216,12 +261,15 @@ def main(argv: list[str] | None = None) -> int:
         args.conversations,
     )
     summary, full = tables(results, figs, args.appends)
+    behind = boundary_table(results, args.tail)
     print(summary)
+    print()
+    print(behind)
     print()
     print(full)
 
     subtitle = f"{machine['date']}, {machine['nproc']} CPUs, PostgreSQL {postgres.split()[1]}"
-    plot(results, args.plot, subtitle)
+    plot(results, args.plot, subtitle, args.tail)
 
     versions: dict[str, str] = {}
     for r in results:
@@ -230,7 +278,17 @@ def main(argv: list[str] | None = None) -> int:
         versions[d] = _version(d)
     args.output.write_text(
         document(
-            args, results, summary, full, machine, postgres, command, runtime, versions, source
+            args,
+            results,
+            summary,
+            behind,
+            full,
+            machine,
+            postgres,
+            command,
+            runtime,
+            versions,
+            source,
         )
     )
     log(f"written to {args.output} and {args.plot}")
@@ -241,6 +299,7 @@ def document(
     args: argparse.Namespace,
     results: list[StoreResult],
     summary: str,
+    behind: str,
     full: str,
     machine: dict[str, str],
     postgres: str,
@@ -278,6 +337,16 @@ absolute times.
 
 ![load latency against conversation length]({plot_rel})
 
+### episodic behind a boundary
+
+Each history length gets its own episodic conversation: grown to that many messages, a boundary
+written through the last safe cut, then a {args.tail}-message tail appended. `load_context`
+then returns the handoff summary, the retained user messages and the tail, whatever the length
+before the boundary: the dashed line of the plot. The whole-history columns repeat, for
+comparison, the loads of the table above at the same length.
+
+{behind}
+
 {full}
 
 {chr(10).join(statuses) + chr(10) + chr(10) if statuses else ""}## How each store is driven
@@ -296,9 +365,16 @@ messages per task, capped at {args.cap_concurrent:.0f} s; (3) one conversation g
 batches where the API has them) to {", ".join(f"{s:,}" for s in args.size_list)} messages,
 loaded whole {args.loads} times at each length after one warm load (fewer, at least 5, once
 {args.cap_load_size:.0f} s of loading is spent), the median reported; growth and loads capped at
-{args.cap_loads:.0f} s. *vs raw asyncpg* and *vs fastest peer* are speed ratios (throughput over
-throughput, or latency of the reference over latency): above 1 is faster. The fastest peer is the
-best of the OpenAI Agents SDK, Google ADK and LangGraph for that figure. The windows in the
+{args.cap_loads:.0f} s; (4) episodic only: for each of
+{", ".join(f"{s:,}" for s in args.boundary_list)} messages, its own conversation grown untimed
+in batches of {GROW_BATCH}, a boundary written through the last safe cut (a ~2,000-character
+summary, the last two user messages retained), and {args.tail} more messages appended; then,
+after one warm load of each, `load_context` timed {args.loads} times per length, rotating over
+the lengths in {args.boundary_rounds} rounds (fewer calls, at least 5, once
+{args.cap_load_size:.0f} s of loading is spent), the median reported; growth capped at
+{args.cap_boundary:.0f} s. *vs raw asyncpg* and *vs fastest peer* are speed ratios (throughput
+over throughput, or latency of the reference over latency): above 1 is faster. The fastest peer
+is the best of the OpenAI Agents SDK, Google ADK and LangGraph for that figure. The windows in the
 append notes are tenths of the run, showing whether the cost grows with the conversation.
 """
 

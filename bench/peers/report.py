@@ -23,6 +23,8 @@ class StoreResult:
     appends: Appends | None = None
     concurrent: Concurrent | None = None
     loads: Loads | None = None
+    #: episodic only: loads behind a compaction boundary, by history length before it
+    boundary: Loads | None = None
     seconds: float = 0.0
     versions: dict[str, str] = field(default_factory=dict)
 
@@ -171,7 +173,56 @@ def tables(results: list[StoreResult], figs: list[Figure], appends: int) -> tupl
     return summary, "\n".join(lines)
 
 
-def plot(results: list[StoreResult], path: Path, subtitle: str) -> None:
+def boundary_table(results: list[StoreResult], tail: int) -> str:
+    """episodic's loads behind a boundary, by history length before it, next to the
+    whole-history loads at the same length, and the longest over the shortest."""
+    ep = next((r for r in results if r.key == "episodic"), None)
+    if ep is None or ep.boundary is None or not ep.boundary.points:
+        why = ep.status if ep is not None and ep.status != "ok" else "episodic did not run"
+        return f"Not measured: {why}."
+    raws = [r for r in results if r.key == RAW]
+    points = ep.boundary.points
+    first = points[0]
+    lines = [
+        "| history before the boundary (messages) | events in the log | messages returned "
+        "| load_context behind the boundary, median (ms) | calls | latency vs "
+        f"@{first.size:,} | episodic, whole history (ms) | behind the boundary vs whole history "
+        "| raw asyncpg, whole history (ms) | fastest peer, whole history (ms) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for p in points:
+        whole = ep.load_ms(p.size)
+        raw = _mean([r.load_ms(p.size) for r in raws])
+        peers = [
+            (r.label, v) for r in results if r.key in PEERS and (v := r.load_ms(p.size)) is not None
+        ]
+        best = min(peers, key=lambda lv: lv[1]) if peers else None
+        whole_cell = _fmt(whole, "ms") if whole is not None else "— (not measured)"
+        best_cell = f"{_fmt(best[1], 'ms')} ({best[0]})" if best else "—"
+        lines.append(
+            f"| {p.size:,} | {p.size + 1 + p.tail:,} | {p.loaded:,} | {_fmt(p.median_ms, 'ms')} | "
+            f"{len(p.samples)} | {p.median_ms / first.median_ms:.2f} | {whole_cell} | "
+            f"{_ratio(whole / p.median_ms) if whole else '—'} | {_fmt(raw, 'ms')} | "
+            f"{best_cell} |"
+        )
+    last = points[-1]
+    note = (
+        f"Longest over shortest (@{last.size:,} over @{first.size:,} messages before the "
+        f"boundary): **{last.median_ms / first.median_ms:.2f}** "
+        f"({_fmt(last.median_ms, 'ms')} vs {_fmt(first.median_ms, 'ms')} ms; 1.00 = flat). "
+        f"*events in the log* counts the messages, the boundary and the {tail}-message tail; "
+        f"*messages returned* are the summary, the 2 retained user messages and the tail; "
+        "*latency vs* is a latency ratio (above 1 is slower), *behind the boundary vs whole "
+        "history* a speed ratio (above 1 is faster)."
+    )
+    if ep.boundary.capped_before is not None:
+        note += (
+            f" Lengths from {ep.boundary.capped_before:,} on were not reached (growth time cap)."
+        )
+    return "\n".join(lines) + "\n\n" + note
+
+
+def plot(results: list[StoreResult], path: Path, subtitle: str, tail: int = 200) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -190,18 +241,58 @@ def plot(results: list[StoreResult], path: Path, subtitle: str) -> None:
                 (r.label, [p.size for p in r.loads.points], [p.median_ms for p in r.loads.points])
             )
 
-    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=120)
+    fig, ax = plt.subplots(figsize=(9.5, 6), dpi=120)
     markers = "osD^v<>"
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    episodic_colour = None
     for n, (label, xs, ys) in enumerate(series):
-        ax.plot(xs, ys, marker=markers[n % len(markers)], linewidth=1.8, label=label)
+        colour = colours[n % len(colours)]
+        if label == next((r.label for r in results if r.key == "episodic"), None):
+            episodic_colour = colour
+        ax.plot(xs, ys, marker=markers[n % len(markers)], linewidth=1.8, color=colour, label=label)
+    ep = next((r for r in results if r.key == "episodic" and r.boundary), None)
+    behind: list[int] = []
+    if ep is not None and ep.boundary is not None and ep.boundary.points:
+        behind = [p.size for p in ep.boundary.points]
+        behind_ms = [p.median_ms for p in ep.boundary.points]
+        ax.plot(
+            behind,
+            behind_ms,
+            color=episodic_colour or colours[len(series) % len(colours)],
+            linestyle="--",
+            linewidth=1.8,
+            marker="s",
+            markerfacecolor="white",
+            label=f"episodic, behind a boundary ({tail}-message tail)",
+        )
+        for x, y in zip(behind, behind_ms, strict=True):
+            ax.annotate(
+                _fmt(y, "ms"),
+                (x, y),
+                textcoords="offset points",
+                xytext=(0, 7),
+                ha="center",
+                va="bottom",
+                fontsize=7.5,
+                color=episodic_colour or "black",
+                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85},
+                zorder=5,
+            )
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("conversation length (messages)")
+    ax.set_xlabel(
+        "conversation length (messages); for the dashed line, messages before the boundary "
+        f"(+ a {tail}-message tail)"
+    )
     ax.set_ylabel("load latency, median (ms)")
-    ax.set_title("Loading a whole conversation vs its length\n" + subtitle, fontsize=11)
+    ax.set_title(
+        "Loading a conversation vs its length: the whole history (solid lines),\n"
+        "and episodic behind a compaction boundary (dashed)\n" + subtitle,
+        fontsize=10.5,
+    )
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=9, loc="best")
-    all_x = sorted({x for _, xs, _ in series for x in xs})
+    ax.legend(fontsize=8.5, loc="upper left")
+    all_x = sorted({x for _, xs, _ in series for x in xs} | set(behind))
     if all_x:
         ax.set_xticks(all_x)
         ax.set_xticklabels([f"{x:,}" for x in all_x])

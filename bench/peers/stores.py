@@ -20,6 +20,9 @@ from bench import raw as core_raw
 from bench.peers.sequence import ARGS, ARGS_JSON, TOOL, body, call_id, kind
 
 GROW_BATCH = 500
+#: the handoff summary of the boundaries episodic is loaded behind (~2,000 characters, as in
+#: ``python -m bench``)
+BOUNDARY_SUMMARY = "Handoff: " + " ".join(body(i) for i in range(5))
 #: connections per store: episodic's pool default, and the same for the others' pools
 POOL = 10
 
@@ -158,7 +161,10 @@ class Episodic(Store):
     how = (
         "`store.append(conv, [message])` (one PL/pgSQL call); load = `store.load_context(conv)` "
         "(no boundary: the whole history); tool calls as `Message.assistant(tool_calls=...)` "
-        "+ `Message.tool_result`"
+        "+ `Message.tool_result`. Behind a boundary (episodic only): `store.write_boundary(conv, "
+        "summary=..., covers_through_seq=<last safe cut>, retained=[<last 2 user texts>], "
+        'reason="context_pressure", expected_boundary_seq=None)`, then a tail appended; '
+        "load = the same `store.load_context(conv)`, which reads the boundary and the tail only"
     )
 
     async def open(self, url: str) -> None:
@@ -200,6 +206,34 @@ class Episodic(Store):
 
     async def load(self, conv: uuid.UUID) -> int:
         return len((await self._store.load_context(conv)).messages)
+
+    async def behind_boundary(self, size: int, tail: int) -> tuple[uuid.UUID, int]:
+        """A new conversation of messages 0 .. ``size - 1`` (batch appends), a boundary
+        through the last safe cut, then messages ``size`` .. ``size + tail - 1``; returns the
+        conversation and the boundary's ``covers_through_seq``.
+
+        The safe cut is the seq of the last message that is not a tool call (in this sequence a
+        result always follows its call at once, so no call waits across the cut); the retained
+        texts are the last two user messages before it, as a worker would keep them.
+        """
+        conv = await self.conversation()
+        seqs: dict[int, int] = {}  # message index -> seq
+        for s in range(0, size, GROW_BATCH):
+            indices = range(s, min(s + GROW_BATCH, size))
+            stored = await self._store.append(conv, [self.message(i) for i in indices])
+            seqs.update(zip(indices, (e.seq for e in stored), strict=True))
+        cut = max(i for i in seqs if kind(i) != "call")
+        users = [i for i in range(cut, -1, -1) if kind(i) == "user"][:2]
+        await self._store.write_boundary(
+            conv,
+            summary=BOUNDARY_SUMMARY,
+            covers_through_seq=seqs[cut],
+            retained=[body(i) for i in reversed(users)],
+            reason="context_pressure",
+            expected_boundary_seq=None,
+        )
+        await self.grow(conv, size, tail)
+        return conv, seqs[cut]
 
 
 # ---- OpenAI Agents SDK -------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The three workloads, the same for every store, each with a time cap.
+"""The three workloads, the same for every store, each with a time cap, and episodic's fourth:
+loads behind a compaction boundary.
 
 A store that hits a cap stops there and the report says how far it got; nothing is
 extrapolated.
@@ -9,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+import uuid
 from dataclasses import dataclass, field
 
-from bench.peers.stores import Store
+from bench.peers.stores import Episodic, Store
 
 WARMUP = 20
 
@@ -34,6 +36,9 @@ class Load:
     size: int
     loaded: int
     samples: list[float]
+    #: behind a boundary: the seq it covers through, and the messages appended after it
+    covers: int | None = None
+    tail: int = 0
 
     @property
     def median_ms(self) -> float:
@@ -120,6 +125,61 @@ async def loads(
         if callable(log):
             log(f"  load @{size:,}: {points[-1].median_ms:.2f} ms over {len(samples)} calls")
     return Loads(points)
+
+
+async def boundary_loads(
+    store: Episodic,
+    sizes: list[int],
+    tail: int,
+    calls: int,
+    rounds: int,
+    cap_s: float,
+    per_size_cap_s: float,
+    log: object = None,
+) -> Loads:
+    """For each size, its own conversation grown to ``size`` messages (untimed), a boundary
+    through the last safe cut and a ``tail``-message tail; then, after one warm load each,
+    ``calls`` timed ``load_context`` calls per size, rotating over the sizes in ``rounds``
+    rounds so that a burst of noise hits every size alike (fewer calls, at least 5, once
+    ``per_size_cap_s`` of loading is spent). Growth is capped at ``cap_s``; the sizes built
+    by then are measured."""
+    deadline = time.perf_counter() + cap_s
+    built: list[tuple[int, uuid.UUID, int]] = []
+    capped_before = None
+    for size in sizes:
+        if time.perf_counter() > deadline:
+            capped_before = size
+            break
+        t0 = time.perf_counter()
+        conv, covers = await store.behind_boundary(size, tail)
+        built.append((size, conv, covers))
+        if callable(log):
+            log(f"  built @{size:,} + {tail} tail in {time.perf_counter() - t0:.1f} s")
+    loaded: dict[int, int] = {}
+    samples: dict[int, list[float]] = {size: [] for size, _, _ in built}
+    for size, conv, _ in built:
+        loaded[size] = await store.load(conv)  # warm
+    per_round = [calls // rounds + (1 if r < calls % rounds else 0) for r in range(rounds)]
+    for n in per_round:
+        for size, conv, _ in built:
+            got = samples[size]
+            for _ in range(n):
+                if len(got) >= 5 and sum(got) > per_size_cap_s:
+                    break
+                t0 = time.perf_counter()
+                loaded[size] = await store.load(conv)
+                got.append(time.perf_counter() - t0)
+    points = [
+        Load(size, loaded[size], samples[size], covers=covers, tail=tail)
+        for size, _, covers in built
+    ]
+    if callable(log):
+        for p in points:
+            log(
+                f"  load behind a boundary @{p.size:,}: {p.median_ms:.2f} ms over "
+                f"{len(p.samples)} calls, {p.loaded} messages returned"
+            )
+    return Loads(points, capped_before=capped_before)
 
 
 async def concurrent(
