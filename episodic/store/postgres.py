@@ -61,20 +61,21 @@ SELECT seq, kind, created_at, token_estimate, payload, usage
  LIMIT $3
 """
 
-# One statement: the head's cut decides the range, and the range is an index scan on the
-# primary key, so the cost is the rows returned whatever the length of the history. The
-# upper bound (last_seq) changes no result; it makes the planner treat the condition as a
-# bounded range (default selectivity 0.5%) instead of an open one (33%), which with one
-# long conversation in the table would otherwise tip it into a sequential scan.
+# One statement, a function call: it reads the head's cut, then the events after it with a
+# range scan of the primary key planned on every call (see migration 0003 for why), so the
+# cost is the rows returned, whatever the length of the history.
 LOAD_TAIL = """
-SELECT c.last_seq, c.boundary_seq, e.seq, e.kind, e.created_at, e.token_estimate, e.payload,
-       e.usage
-  FROM episodic_conversations c
-  LEFT JOIN episodic_events e
-         ON e.conversation_id = c.conversation_id
-        AND e.seq > c.covers_through_seq
-        AND e.seq <= c.last_seq
- WHERE c.conversation_id = $1
+SELECT o_last_seq AS last_seq, o_boundary_seq AS boundary_seq, o_seq AS seq, o_kind AS kind,
+       o_created_at AS created_at, o_token_estimate AS token_estimate, o_payload AS payload,
+       o_usage AS usage
+  FROM episodic_load_tail($1)
+"""
+
+#: The range query episodic_load_tail runs, for plan tests.
+TAIL_RANGE = """
+SELECT e.seq, e.kind, e.created_at, e.token_estimate, e.payload, e.usage
+  FROM episodic_events e
+ WHERE e.conversation_id = $1 AND e.seq > $2 AND e.seq <= $3
  ORDER BY e.seq
 """
 

@@ -18,7 +18,6 @@ from sqlalchemy import (
     MetaData,
     Table,
     Text,
-    UniqueConstraint,
     Uuid,
     text,
 )
@@ -120,8 +119,26 @@ events = Table(
         name="kind",
     ),
     CheckConstraint("seq > 0", name="seq_positive"),
-    UniqueConstraint("conversation_id", "idempotency_key"),
-    UniqueConstraint("conversation_id", "client_id"),
+    # Partial: almost every row has neither, and NULLs would otherwise be indexed on every
+    # append. Partial also keeps these indexes out of the planner's way for load_context: a
+    # full index on (conversation_id, client_id) is one it can pick for a conversation's
+    # range (it did, on a table not yet analyzed) and then filter every event by seq.
+    Index(
+        "uq_episodic_events_conversation_id_idempotency_key",
+        "conversation_id",
+        "idempotency_key",
+        unique=True,
+        postgresql_where=text("idempotency_key IS NOT NULL"),
+        sqlite_where=text("idempotency_key IS NOT NULL"),
+    ),
+    Index(
+        "uq_episodic_events_conversation_id_client_id",
+        "conversation_id",
+        "client_id",
+        unique=True,
+        postgresql_where=text("client_id IS NOT NULL"),
+        sqlite_where=text("client_id IS NOT NULL"),
+    ),
 )
 
 compaction_attempts = Table(

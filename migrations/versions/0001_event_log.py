@@ -72,9 +72,9 @@ def upgrade() -> None:
         sa.Column("request_hash", sa.Text(), nullable=True),
         sa.Column("batch_size", sa.Integer(), nullable=True),
         sa.CheckConstraint(
-            "kind IN ('message', 'boundary', 'run_completed')", name="ck_episodic_events_kind"
+            "kind IN ('message', 'boundary', 'run_completed')", name=op.f("ck_episodic_events_kind")
         ),
-        sa.CheckConstraint("seq > 0", name="ck_episodic_events_seq_positive"),
+        sa.CheckConstraint("seq > 0", name=op.f("ck_episodic_events_seq_positive")),
         sa.PrimaryKeyConstraint("conversation_id", "seq", name="pk_episodic_events"),
         sa.UniqueConstraint(
             "conversation_id",

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from episodic import EpisodicStore, Message, ToolCall
-from episodic.store.postgres import LOAD_TAIL
+from episodic.store.postgres import LOAD_TAIL, TAIL_RANGE
 from tests.support import store_through_proxy
 
 
@@ -46,20 +46,28 @@ async def test_load_context_is_one_round_trip(postgres_url: str) -> None:
         assert len(ctx.messages) == 21
 
 
+@pytest.mark.parametrize("analyzed", [True, False], ids=["analyzed", "never-analyzed"])
 @pytest.mark.parametrize("plan_mode", ["force_custom_plan", "force_generic_plan"])
 async def test_load_context_reads_only_the_rows_it_returns(
-    pg_store: EpisodicStore, plan_mode: str
+    pg_store: EpisodicStore, plan_mode: str, analyzed: bool
 ) -> None:
     conv = await _long_conversation(pg_store, events=5_000, tail=50)
-    dsn = make_url(pg_store_url(pg_store)).set(drivername="postgresql")
-    connection = await asyncpg.connect(dsn.render_as_string(hide_password=False))
+    head = await pg_store.get_conversation(conv)
+    connection = await _connect(pg_store)
     try:
-        await connection.execute("ANALYZE episodic_events")
-        await connection.execute("ANALYZE episodic_conversations")
-        # asyncpg reuses prepared statements, so after a few calls PostgreSQL may switch to a
-        # generic plan built without the parameter's value: both plans must use the index.
+        if analyzed:
+            await connection.execute("ANALYZE episodic_events")
+            await connection.execute("ANALYZE episodic_conversations")
         await connection.execute(f"SET plan_cache_mode = {plan_mode}")
-        raw = await connection.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {LOAD_TAIL}", conv)
+        # The range query load_context runs, as PostgreSQL plans it.
+        raw = await connection.fetchval(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) {TAIL_RANGE}",
+            conv,
+            head.covers_through_seq,
+            head.last_seq,
+        )
+        # And what load_context's statement reads, counted by PostgreSQL itself.
+        fetched, scanned = await _rows_read(connection, conv)
     finally:
         await connection.close()
     nodes = _nodes(orjson.loads(raw)[0]["Plan"])
@@ -69,11 +77,76 @@ async def test_load_context_reads_only_the_rows_it_returns(
     assert read["Node Type"] in ("Index Scan", "Index Only Scan", "Bitmap Heap Scan"), nodes
     index_nodes = [read, *_nodes(read)[1:]]
     assert any(n.get("Index Name") == "pk_episodic_events" for n in index_nodes), nodes
-    assert not any(
-        n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "episodic_events" for n in nodes
-    )
     # The boundary and the 50 tail messages: nothing older is read.
     assert read["Actual Rows"] * read["Actual Loops"] == 51
+    assert (fetched, scanned) == (51, 0)
+
+
+async def test_a_statement_prepared_while_the_table_was_tiny_still_reads_only_the_tail(
+    pg_store: EpisodicStore,
+) -> None:
+    """A pooled connection prepares load_context's statement while episodic_events is nearly
+    empty and keeps it; the table then grows. It must still read only the tail (a cached
+    generic plan once scanned a conversation's every event and filtered them by seq)."""
+    conv = await pg_store.create_conversation()
+    await pg_store.append(conv, [Message.user("first")])
+    connection = await _connect(pg_store)
+    try:
+        statement = await connection.prepare(LOAD_TAIL)
+        for _ in range(8):  # past the five custom plans, so a generic plan would be cached
+            await statement.fetch(conv)
+        await _grow_behind_boundary(pg_store, conv, events=5_000, tail=50)
+        fetched, scanned = await _rows_read(connection, conv, statement.fetch)
+    finally:
+        await connection.close()
+    assert (fetched, scanned) == (51, 0)
+
+
+async def _connect(store: EpisodicStore) -> asyncpg.Connection:
+    dsn = make_url(pg_store_url(store)).set(drivername="postgresql")
+    return await asyncpg.connect(dsn.render_as_string(hide_password=False))
+
+
+async def _rows_read(
+    connection: asyncpg.Connection, conv: object, fetch: object = None
+) -> tuple[int, int]:
+    """Rows of episodic_events fetched through indexes and read by sequential scans while
+    load_context's statement runs, from PostgreSQL's own per-transaction counters."""
+    counters = (
+        "SELECT idx_tup_fetch, seq_tup_read FROM pg_stat_xact_user_tables "
+        "WHERE relname = 'episodic_events'"
+    )
+    async with connection.transaction():
+        # Differences within one transaction: the view may also hold counts of earlier
+        # statements not yet flushed to the cumulative statistics.
+        before = await connection.fetchrow(counters)
+        if fetch is None:
+            rows = await connection.fetch(LOAD_TAIL, conv)
+        else:
+            rows = await fetch(conv)  # type: ignore[operator]
+        after = await connection.fetchrow(counters)
+    assert len(rows) == 51
+    return (
+        after["idx_tup_fetch"] - before["idx_tup_fetch"],
+        after["seq_tup_read"] - before["seq_tup_read"],
+    )
+
+
+async def _grow_behind_boundary(
+    store: EpisodicStore, conv: object, *, events: int, tail: int
+) -> None:
+    batch = [Message.user(f"message {i} " + "x" * 200) for i in range(1_000)]
+    for _ in range(events // 1_000):
+        await store.append(conv, batch)  # type: ignore[arg-type]
+    head = await store.get_conversation(conv)  # type: ignore[arg-type]
+    await store.write_boundary(
+        conv,  # type: ignore[arg-type]
+        summary="summary",
+        covers_through_seq=head.last_seq,
+        reason="context_pressure",
+        expected_boundary_seq=None,
+    )
+    await store.append(conv, [Message.user(f"tail {i}") for i in range(tail)])  # type: ignore[arg-type]
 
 
 def _nodes(plan: dict[str, object]) -> list[dict[str, object]]:
