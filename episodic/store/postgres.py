@@ -80,19 +80,19 @@ SELECT e.seq, e.kind, e.created_at, e.token_estimate, e.payload, e.usage
 """
 
 # A boundary is written optimistically, without holding a lock while Python plans it: read
-# the head and the events after the cut in one statement, plan, then write in one statement
-# that applies only if the head is still the one read (same last seq, same boundary, lease
-# still held). If anything moved, plan again on the new state. Two round trips, no explicit
-# transaction.
-READ_HEAD_AND_TAIL = """
-SELECT c.*, now() AS database_now,
-       e.seq AS event_seq, e.kind, e.created_at AS event_created_at, e.token_estimate,
-       e.payload, e.usage
-  FROM episodic_conversations c
-  LEFT JOIN episodic_events e
-         ON e.conversation_id = c.conversation_id AND e.seq > $2 AND e.seq <= c.last_seq
- WHERE c.conversation_id = $1
- ORDER BY e.seq
+# the head, then the events after the cut (through episodic_load_tail, planned per call), plan,
+# then write in one statement that applies only if the head is still the one read (same last
+# seq, same boundary, lease still held). If anything moved, plan again on the new state. Three
+# round trips, no explicit transaction.
+READ_HEAD = """
+SELECT *, now() AS database_now FROM episodic_conversations WHERE conversation_id = $1
+"""
+
+READ_TAIL_AFTER = """
+SELECT o_seq AS seq, o_kind AS kind, o_created_at AS created_at,
+       o_token_estimate AS token_estimate, o_payload AS payload, o_usage AS usage
+  FROM episodic_load_tail($1, $2)
+ WHERE o_seq IS NOT NULL
 """
 
 WRITE_BOUNDARY = """
@@ -341,16 +341,16 @@ class PostgresBackend:
     ) -> BoundaryWrite | None:
         for _ in range(BOUNDARY_WRITE_TRIES):
             with translated_errors():
-                rows = await self._pool.fetch(
-                    READ_HEAD_AND_TAIL, conversation_id, covers_through_seq
-                )
-            if not rows:
-                return None
-            head = rows[0]
+                head = await self._pool.fetchrow(READ_HEAD, conversation_id)
+                if head is None:
+                    return None
+                rows = await self._pool.fetch(READ_TAIL_AFTER, conversation_id, covers_through_seq)
+            # The tail was read a moment after the head: keep it consistent with the head read
+            # (the conditional write refuses if the head moved, and the loop plans again).
             tail = [
-                decode_event_row(conversation_id, _event_columns(row))
+                decode_event_row(conversation_id, row)
                 for row in rows
-                if row["event_seq"] is not None
+                if row["seq"] <= head["last_seq"]
             ]
             write = plan(decode_head_state(head), tail, head["database_now"])
             event, after = write.event, write.counters
@@ -476,17 +476,6 @@ class PostgresBackend:
 
     async def close(self) -> None:
         await self._pool.close()
-
-
-def _event_columns(row: Any) -> dict[str, Any]:
-    return {
-        "seq": row["event_seq"],
-        "kind": row["kind"],
-        "created_at": row["event_created_at"],
-        "token_estimate": row["token_estimate"],
-        "payload": row["payload"],
-        "usage": row["usage"],
-    }
 
 
 def _attempt_values(attempt: AttemptRecord | None) -> tuple[Any, ...]:

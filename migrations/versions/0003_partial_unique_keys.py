@@ -68,7 +68,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
-        op.execute("DROP FUNCTION episodic_load_tail(uuid)")
+        op.execute("DROP FUNCTION episodic_load_tail(uuid, bigint)")
     for _, name in KEYS:
         op.drop_index(name, table_name="episodic_events")
     with op.batch_alter_table("episodic_events") as batch:
@@ -78,7 +78,7 @@ def downgrade() -> None:
 
 
 LOAD_TAIL = """
-CREATE FUNCTION episodic_load_tail(p_conversation_id uuid)
+CREATE FUNCTION episodic_load_tail(p_conversation_id uuid, p_after_seq bigint DEFAULT NULL)
 RETURNS TABLE (
     o_last_seq bigint, o_boundary_seq bigint, o_seq bigint, o_kind text,
     o_created_at timestamptz, o_token_estimate integer, o_payload text, o_usage text
@@ -95,13 +95,14 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    -- EXECUTE: planned on every call with these bounds, never from a cached generic plan.
+    -- From the latest cut (or p_after_seq, for the boundary writer) to the last seq. EXECUTE:
+    -- planned on every call with these bounds, never from a cached generic plan.
     RETURN QUERY EXECUTE
         'SELECT $1, $2, e.seq, e.kind, e.created_at, e.token_estimate, e.payload, e.usage
            FROM episodic_events e
           WHERE e.conversation_id = $3 AND e.seq > $4 AND e.seq <= $5
           ORDER BY e.seq'
-        USING v_last, v_boundary, p_conversation_id, v_covers, v_last;
+        USING v_last, v_boundary, p_conversation_id, COALESCE(p_after_seq, v_covers), v_last;
     IF NOT FOUND THEN
         -- Nothing after the cut: still say where the conversation stands.
         RETURN QUERY SELECT v_last, v_boundary, NULL::bigint, NULL::text, NULL::timestamptz,
