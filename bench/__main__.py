@@ -14,16 +14,15 @@ import asyncio
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from types import FrameType
 from typing import Any, TypeVar
 
 from bench import db
 from bench import worker as worker_bench
+from bench.provenance import episodic_source, terminate
 from bench.run import run
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -135,33 +134,6 @@ def _command(argv: list[str] | None) -> str:
     return f"cd {shlex.quote(os.getcwd())} && {args}"
 
 
-def _episodic_source() -> str:
-    """Where ``episodic`` was imported from, and its git commit when that is a checkout."""
-    import episodic
-
-    root = Path(episodic.__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--", "episodic", "migrations"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        return f"{root} at {commit}{' with uncommitted changes' if dirty else ''}"
-    except (OSError, subprocess.CalledProcessError):
-        return str(root)
-
-
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 def _in_database(args: argparse.Namespace, work: Callable[[str], Coroutine[Any, Any, T]]) -> T:
     """``work(url)`` on a new throwaway database, dropped afterwards whatever happens."""
     name = db.new_database_name()
@@ -192,7 +164,7 @@ class DropFailed(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, terminate)
     from bench.report import document, sections, table, with_section
 
     command = _command(argv)
@@ -207,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 **db.machine(),
                 "postgres": postgres,
                 "command": command,
-                "episodic": _episodic_source(),
+                "episodic": episodic_source(),
                 "runtime": f"{time.perf_counter() - started:.0f} s",
             }
             print(table(report))
@@ -226,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                 **db.machine(),
                 "postgres": postgres,
                 "command": command,
-                "episodic": _episodic_source(),
+                "episodic": episodic_source(),
                 "runtime": f"{time.perf_counter() - started:.0f} s",
             }
             print(("\n" if args.only != "worker" else "") + worker_bench.table(results))

@@ -19,13 +19,11 @@ import platform
 import secrets
 import shlex
 import signal
-import subprocess
 import sys
 import time
 import traceback
 from importlib import metadata
 from pathlib import Path
-from types import FrameType
 
 from bench import db
 from bench.peers import workloads
@@ -39,6 +37,7 @@ from bench.peers.stores import (
     Raw,
     Store,
 )
+from bench.provenance import episodic_source, terminate
 
 HERE = Path(__file__).resolve().parent.parent
 OUTPUT = HERE / "PEERS.md"
@@ -131,32 +130,6 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def _episodic_source() -> str:
-    import episodic
-
-    root = Path(episodic.__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--", "episodic", "migrations"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        return f"{root} at {commit}{' with uncommitted changes' if dirty else ''}"
-    except (OSError, subprocess.CalledProcessError):
-        return str(root)
-
-
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 async def _exercise(store: Store, url: str, args: argparse.Namespace, r: StoreResult) -> None:
     await store.open(url)
     try:
@@ -228,10 +201,10 @@ def run_store(store: Store, args: argparse.Namespace) -> StoreResult:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, terminate)
     command = _command(argv)
     # episodic is imported by now (bench.workload imports it): say which source that was.
-    source = _episodic_source()
+    source = episodic_source()
     only = {s.strip() for s in args.only.split(",") if s.strip()}
     stores: list[Store] = [
         Raw(),
