@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shlex
 import signal
 import sys
 import time
@@ -22,7 +21,7 @@ from typing import Any, TypeVar
 
 from bench import db
 from bench import worker as worker_bench
-from bench.provenance import episodic_source, terminate
+from bench.provenance import command_line, episodic_source, terminate
 from bench.run import run
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -125,15 +124,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _command(argv: list[str] | None) -> str:
-    """The command line, run from the current directory."""
-    python = sys.executable or "python"
-    if not os.path.relpath(python).startswith(".."):
-        python = os.path.relpath(python)
-    args = shlex.join([python, "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
-    return f"cd {shlex.quote(os.getcwd())} && {args}"
-
-
 def _in_database(args: argparse.Namespace, work: Callable[[str], Coroutine[Any, Any, T]]) -> T:
     """``work(url)`` on a new throwaway database, dropped afterwards whatever happens."""
     name = db.new_database_name()
@@ -167,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, terminate)
     from bench.report import document, sections, table, with_section
 
-    command = _command(argv)
+    command = command_line("bench", argv)
     previous = args.output.read_text() if args.output.exists() else ""
     text = previous
     code = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from bench.provenance import run_facts
 from bench.stats import Latency
 
 
@@ -73,12 +74,7 @@ def document(report: Report, meta: dict[str, str]) -> str:
             "Measured by `bench/` in one run on one PostgreSQL server; figures are from a shared,",
             "noisy machine, so read the ratios rather than the absolute times.",
             "",
-            f"- date: {meta['date']}",
-            f"- machine: {meta['nproc']} CPUs (nproc), {meta['memory']} memory",
-            f"- PostgreSQL: {meta['postgres']}",
-            f"- episodic: {meta['episodic']}",
-            f"- command: `{meta['command']}`",
-            f"- runtime: {meta['runtime']}",
+            *run_facts(meta),
             "",
             table(report),
             "",

@@ -32,6 +32,7 @@ from uuid import UUID
 
 import asyncpg
 
+from bench.provenance import run_facts
 from bench.report import Summary
 from bench.workload import History
 from episodic import EpisodicStore
@@ -498,12 +499,7 @@ def section(results: list[Result], meta: dict[str, str]) -> str:
             "Compactions per second of the compaction worker (`bench/worker.py`), on its own",
             "throwaway database; a shared, noisy machine, so figures are indicative.",
             "",
-            f"- date: {meta['date']}",
-            f"- machine: {meta['nproc']} CPUs (nproc), {meta['memory']} memory",
-            f"- PostgreSQL: {meta['postgres']}",
-            f"- episodic: {meta['episodic']}",
-            f"- command: `{meta['command']}`",
-            f"- runtime: {meta['runtime']}",
+            *run_facts(meta),
             "",
             table(results),
             "",

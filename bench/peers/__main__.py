@@ -17,7 +17,6 @@ import asyncio
 import os
 import platform
 import secrets
-import shlex
 import signal
 import sys
 import time
@@ -37,7 +36,7 @@ from bench.peers.stores import (
     Raw,
     Store,
 )
-from bench.provenance import episodic_source, terminate
+from bench.provenance import command_line, episodic_source, terminate
 
 HERE = Path(__file__).resolve().parent.parent
 OUTPUT = HERE / "PEERS.md"
@@ -113,14 +112,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if any(s < 2 for s in args.boundary_list) or args.tail < 1 or args.boundary_rounds < 1:
         p.error("--boundary-sizes must be at least 2, --tail and --boundary-rounds at least 1")
     return args
-
-
-def _command(argv: list[str] | None) -> str:
-    python = sys.executable or "python"
-    if not os.path.relpath(python).startswith(".."):
-        python = os.path.relpath(python)
-    rest = sys.argv[1:] if argv is None else argv
-    return f"cd {shlex.quote(os.getcwd())} && {shlex.join([python, '-m', 'bench.peers', *rest])}"
 
 
 def _version(dist: str) -> str:
@@ -202,7 +193,7 @@ def run_store(store: Store, args: argparse.Namespace) -> StoreResult:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, terminate)
-    command = _command(argv)
+    command = command_line("bench.peers", argv)
     # episodic is imported by now (bench.workload imports it): say which source that was.
     source = episodic_source()
     only = {s.strip() for s in args.only.split(",") if s.strip()}
