@@ -162,6 +162,11 @@ class TransientDatabaseError(EpisodicError):
     outcome of a write may be unknown: retry it with the same idempotency key."""
 
 
+class LockTimeoutError(TransientDatabaseError):
+    """A statement waited longer than ``lock_timeout_ms`` for a row another session held (a
+    long transaction outside episodic, usually). Nothing was written; retry later."""
+
+
 class ConfigurationError(EpisodicError):
     """The store or an optional component is not set up right: an unsupported database URL,
     a missing optional dependency, a schema that is not migrated."""
@@ -174,6 +179,7 @@ __all__ = [
     "EpisodicError",
     "IdempotencyMismatchError",
     "LeaseLostError",
+    "LockTimeoutError",
     "MessageTooLargeError",
     "NotFoundError",
     "OrphanToolResultError",

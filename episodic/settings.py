@@ -37,6 +37,18 @@ class EpisodicSettings(BaseSettings):
     )
     pool_min_size: int = Field(default=1, ge=0, description="PostgreSQL pool: idle connections.")
     pool_max_size: int = Field(default=10, gt=0, description="PostgreSQL pool: most connections.")
+    lock_timeout_ms: int = Field(
+        default=5_000,
+        ge=0,
+        description="PostgreSQL: how long a statement waits for a row lock before it fails "
+        "with LockTimeoutError (0 waits forever).",
+    )
+    idle_in_transaction_timeout_ms: int = Field(
+        default=60_000,
+        ge=0,
+        description="PostgreSQL: the server ends a session left idle inside a transaction "
+        "this long, so a stuck client cannot hold locks (0 turns it off).",
+    )
 
     trigger_context_tokens: int | None = Field(
         default=None,

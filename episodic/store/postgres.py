@@ -265,13 +265,19 @@ class PostgresBackend:
 
     @classmethod
     async def connect(
-        cls, url: DatabaseUrl, *, min_size: int = 1, max_size: int = 10
+        cls,
+        url: DatabaseUrl,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        server_settings: dict[str, str] | None = None,
     ) -> PostgresBackend:
         with translated_errors():
             pool = await asyncpg.create_pool(
                 url.asyncpg,
                 min_size=min_size,
                 max_size=max_size,
+                server_settings=server_settings,
                 init=_init_connection,
                 reset=_keep_session,
             )

@@ -100,7 +100,15 @@ class EpisodicStore:
         backend: Backend
         if parsed.dialect == "postgresql":
             backend = await PostgresBackend.connect(
-                parsed, min_size=settings.pool_min_size, max_size=settings.pool_max_size
+                parsed,
+                min_size=settings.pool_min_size,
+                max_size=settings.pool_max_size,
+                server_settings={
+                    "lock_timeout": str(settings.lock_timeout_ms),
+                    "idle_in_transaction_session_timeout": str(
+                        settings.idle_in_transaction_timeout_ms
+                    ),
+                },
             )
         else:
             backend = await SqliteBackend.connect(parsed)

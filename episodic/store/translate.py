@@ -15,6 +15,7 @@ from sqlalchemy import exc as sa_exc
 
 from episodic.errors import (
     ConfigurationError,
+    LockTimeoutError,
     TenantDeniedError,
     TransientDatabaseError,
     ValidationError,
@@ -22,7 +23,8 @@ from episodic.errors import (
 
 #: Connection lost or refused, server shutting down, serialization failure, deadlock.
 TRANSIENT_SQLSTATE_CLASSES = ("08", "57P")
-TRANSIENT_SQLSTATES = {"40001", "40P01", "53300", "55P03", "57014"}
+TRANSIENT_SQLSTATES = {"40001", "40P01", "53300", "57014"}
+LOCK_NOT_AVAILABLE = "55P03"
 NOT_MIGRATED_SQLSTATES = {"42P01", "42883"}  # undefined table, undefined function
 PRIVILEGE_SQLSTATE = "42501"
 #: character not in repertoire, untranslatable character: input the database cannot store
@@ -49,6 +51,8 @@ def _translate(exc: BaseException) -> BaseException | None:
             return ConfigurationError(f"{_NOT_MIGRATED} ({exc})")
         if state in UNSTORABLE_SQLSTATES:
             return ValidationError(f"the database cannot store this input: {exc}")
+        if state == LOCK_NOT_AVAILABLE:
+            return LockTimeoutError(f"gave up waiting for a lock held by another session: {exc}")
         if state == PRIVILEGE_SQLSTATE:
             return TenantDeniedError(f"the database refused this operation: {exc}")
         if state in TRANSIENT_SQLSTATES or state.startswith(TRANSIENT_SQLSTATE_CLASSES):
