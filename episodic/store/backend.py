@@ -60,6 +60,13 @@ PlanBoundary = Callable[[HeadState, list[StoredEvent], datetime], BoundaryWrite]
 
 class Backend(Protocol):
     dialect: str
+    #: the tenant every operation is scoped to; None for an unscoped backend
+    tenant: str | None
+
+    def for_tenant(self, tenant: str) -> Backend:
+        """The same connections, every operation scoped to ``tenant``: another tenant's
+        conversations are not found, and writes to them are refused."""
+        ...
 
     async def migrate(self) -> None: ...
 

@@ -7,7 +7,8 @@ per connection and reuses it. SQLAlchemy is used only to run the migrations.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -41,6 +42,33 @@ SELECT o_outcome, o_seq, o_created_at, o_detail
                        $16, $17, $18, $19)
 """
 
+# The tenant-scoped forms (migration 0004) set the transaction's tenant for row-level
+# security and check the conversation belongs to it, still in one statement.
+SCOPED_APPEND = """
+SELECT o_outcome, o_seq, o_created_at, o_detail
+  FROM episodic_scoped_append($20, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
+                              $15, $16, $17, $18, $19)
+"""
+
+SCOPED_MARK_RUN_COMPLETED = """
+SELECT o_outcome, o_seq, o_created_at, o_detail
+  FROM episodic_scoped_mark_run_completed($7, $1, $2, $3, $4, $5, $6)
+"""
+
+SCOPED_CREATE_CONVERSATION = """
+SELECT episodic_scoped_create_conversation($2, $1, $3, $4)
+"""
+
+SCOPED_LOAD_TAIL = """
+SELECT o_last_seq AS last_seq, o_boundary_seq AS boundary_seq, o_seq AS seq, o_kind AS kind,
+       o_created_at AS created_at, o_token_estimate AS token_estimate, o_payload AS payload,
+       o_usage AS usage
+  FROM episodic_scoped_load_tail($2, $1)
+"""
+
+# Everything else a scoped store does runs in a transaction that starts with this.
+SET_TENANT = "SELECT episodic_set_tenant($1)"
+
 MARK_RUN_COMPLETED = """
 SELECT o_outcome, o_seq, o_created_at, o_detail
   FROM episodic_mark_run_completed($1, $2, $3, $4, $5, $6)
@@ -56,7 +84,7 @@ ON CONFLICT (conversation_id) DO NOTHING
 READ_EVENTS = """
 SELECT seq, kind, created_at, token_estimate, payload, usage
   FROM episodic_events
- WHERE conversation_id = $1 AND seq > $2
+ WHERE conversation_id = $1 AND seq > $2 AND ($4::text IS NULL OR tenant_id = $4)
  ORDER BY seq
  LIMIT $3
 """
@@ -85,7 +113,8 @@ SELECT e.seq, e.kind, e.created_at, e.token_estimate, e.payload, e.usage
 # seq, same boundary, lease still held). If anything moved, plan again on the new state. Three
 # round trips, no explicit transaction.
 READ_HEAD = """
-SELECT *, now() AS database_now FROM episodic_conversations WHERE conversation_id = $1
+SELECT *, now() AS database_now FROM episodic_conversations
+ WHERE conversation_id = $1 AND ($2::text IS NULL OR tenant_id = $2)
 """
 
 READ_TAIL_AFTER = """
@@ -139,6 +168,7 @@ WITH next AS (
       FROM episodic_conversations
      WHERE due_since IS NOT NULL AND dead_since IS NULL AND next_attempt_at <= now()
        AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+       AND ($4::text IS NULL OR tenant_id = $4)
      ORDER BY next_attempt_at
      LIMIT $1
        FOR UPDATE SKIP LOCKED
@@ -165,6 +195,7 @@ UPDATE episodic_conversations
        next_attempt_at = now(),
        dead_since = NULL
  WHERE conversation_id = $1 AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+   AND ($5::text IS NULL OR tenant_id = $5)
 RETURNING conversation_id, tenant_id, lease_token, lease_expires_at, compaction_attempts,
           due_reason, boundary_seq, now() AS claimed_at
 """
@@ -184,7 +215,7 @@ WITH head AS (
                                   ELSE now() + make_interval(secs => $4) END,
            dead_since = CASE WHEN $5 THEN now() ELSE dead_since END,
            last_error = $6
-     WHERE conversation_id = $1 AND lease_token = $2
+     WHERE conversation_id = $1 AND lease_token = $2 AND tenant_id = $8
  RETURNING tenant_id
 )
 INSERT INTO episodic_compaction_attempts (
@@ -236,7 +267,8 @@ SELECT conversation_id, worker, reason, outcome, error, started_at, finished_at,
 """
 
 GET_CONVERSATION = """
-SELECT * FROM episodic_conversations WHERE conversation_id = $1
+SELECT * FROM episodic_conversations
+ WHERE conversation_id = $1 AND ($2::text IS NULL OR tenant_id = $2)
 """
 
 
@@ -259,9 +291,28 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
 class PostgresBackend:
     dialect = "postgresql"
 
-    def __init__(self, url: DatabaseUrl, pool: asyncpg.Pool) -> None:
+    def __init__(self, url: DatabaseUrl, pool: asyncpg.Pool, tenant: str | None = None) -> None:
         self._url = url
         self._pool = pool
+        #: None: whatever the connecting role may see (everything, for a superuser or an
+        #: episodic_all_tenants member). Else every statement runs under this tenant.
+        self.tenant = tenant
+
+    def for_tenant(self, tenant: str) -> PostgresBackend:
+        """The same pool, every operation scoped to ``tenant``."""
+        return PostgresBackend(self._url, self._pool, tenant)
+
+    @asynccontextmanager
+    async def _session(self) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection; for a scoped backend, inside a transaction whose tenant is
+        set (transaction-local, so it ends with the transaction)."""
+        async with self._pool.acquire() as connection:
+            if self.tenant is None:
+                yield connection
+                return
+            async with connection.transaction():
+                await connection.execute(SET_TENANT, self.tenant)
+                yield connection
 
     @classmethod
     async def connect(
@@ -295,6 +346,11 @@ class PostgresBackend:
         self, conversation_id: UUID, tenant_id: str, metadata: dict[str, Any], created_at: datetime
     ) -> bool:
         with translated_errors():
+            if self.tenant is not None:
+                created = await self._pool.fetchval(
+                    SCOPED_CREATE_CONVERSATION, conversation_id, tenant_id, created_at, metadata
+                )
+                return bool(created)
             status = await self._pool.execute(
                 CREATE_CONVERSATION, conversation_id, tenant_id, created_at, metadata
             )
@@ -308,8 +364,9 @@ class PostgresBackend:
         trigger: EpisodicCompactionConfig,
     ) -> WriteOutcome:
         with translated_errors():
+            scoped = self.tenant is not None
             row = await self._pool.fetchrow(
-                APPEND,
+                SCOPED_APPEND if scoped else APPEND,
                 conversation_id,
                 expected_seq,
                 batch.idempotency_key,
@@ -326,6 +383,7 @@ class PostgresBackend:
                 batch.opened_offsets,
                 batch.closed_ids,
                 *_thresholds(trigger),
+                *((self.tenant,) if scoped else ()),
             )
         return _outcome(row)
 
@@ -333,8 +391,13 @@ class PostgresBackend:
         self, conversation_id: UUID, tokens_per_abandoned: int, trigger: EpisodicCompactionConfig
     ) -> WriteOutcome:
         with translated_errors():
+            scoped = self.tenant is not None
             row = await self._pool.fetchrow(
-                MARK_RUN_COMPLETED, conversation_id, tokens_per_abandoned, *_thresholds(trigger)
+                SCOPED_MARK_RUN_COMPLETED if scoped else MARK_RUN_COMPLETED,
+                conversation_id,
+                tokens_per_abandoned,
+                *_thresholds(trigger),
+                *((self.tenant,) if scoped else ()),
             )
         return _outcome(row)
 
@@ -347,39 +410,11 @@ class PostgresBackend:
     ) -> BoundaryWrite | None:
         for _ in range(BOUNDARY_WRITE_TRIES):
             with translated_errors():
-                head = await self._pool.fetchrow(READ_HEAD, conversation_id)
-                if head is None:
-                    return None
-                rows = await self._pool.fetch(READ_TAIL_AFTER, conversation_id, covers_through_seq)
-            # The tail was read a moment after the head: keep it consistent with the head read
-            # (the conditional write refuses if the head moved, and the loop plans again).
-            tail = [
-                decode_event_row(conversation_id, row)
-                for row in rows
-                if row["seq"] <= head["last_seq"]
-            ]
-            write = plan(decode_head_state(head), tail, head["database_now"])
-            event, after = write.event, write.counters
-            done = attempt.with_boundary(event.seq, event.tokens_after) if attempt else None
-            with translated_errors():
-                written = await self._pool.fetchval(
-                    WRITE_BOUNDARY,
-                    conversation_id,
-                    head["last_seq"],
-                    event.seq,
-                    after.covers_through_seq,
-                    after.user_messages_since_boundary,
-                    after.run_completed_since_boundary,
-                    after.user_messages_since_run_completed,
-                    after.context_tokens,
-                    event.created_at,
-                    head["boundary_seq"],
-                    write.lease_token,
-                    event.token_estimate,
-                    write.payload,
-                    *_attempt_values(done),
-                )
-            if written:
+                async with self._session() as connection:
+                    done, write = await self._try_boundary(
+                        connection, conversation_id, covers_through_seq, plan, attempt
+                    )
+            if done:
                 return write
         raise ConflictError(
             f"conversation {conversation_id} kept changing while its boundary was written "
@@ -387,18 +422,68 @@ class PostgresBackend:
             conversation_id=conversation_id,
         )
 
+    async def _try_boundary(
+        self,
+        connection: asyncpg.Connection,
+        conversation_id: UUID,
+        covers_through_seq: int,
+        plan: PlanBoundary,
+        attempt: AttemptRecord | None,
+    ) -> tuple[bool, BoundaryWrite | None]:
+        """One optimistic try: (done, write). Done with None when the conversation is not
+        there; not done when it changed between the reads and the write."""
+        head = await connection.fetchrow(READ_HEAD, conversation_id, self.tenant)
+        if head is None:
+            return True, None
+        rows = await connection.fetch(READ_TAIL_AFTER, conversation_id, covers_through_seq)
+        # The tail was read a moment after the head: keep it consistent with the head read
+        # (the conditional write refuses if the head moved, and the loop plans again).
+        tail = [
+            decode_event_row(conversation_id, row) for row in rows if row["seq"] <= head["last_seq"]
+        ]
+        write = plan(decode_head_state(head), tail, head["database_now"])
+        event, after = write.event, write.counters
+        done = attempt.with_boundary(event.seq, event.tokens_after) if attempt else None
+        written = await connection.fetchval(
+            WRITE_BOUNDARY,
+            conversation_id,
+            head["last_seq"],
+            event.seq,
+            after.covers_through_seq,
+            after.user_messages_since_boundary,
+            after.run_completed_since_boundary,
+            after.user_messages_since_run_completed,
+            after.context_tokens,
+            event.created_at,
+            head["boundary_seq"],
+            write.lease_token,
+            event.token_estimate,
+            write.payload,
+            *_attempt_values(done),
+        )
+        return (True, write) if written else (False, None)
+
     async def claim(self, owner: str, limit: int, lease_seconds: float) -> list[Claim]:
         with translated_errors():
-            rows = await self._pool.fetch(CLAIM, limit, owner, float(lease_seconds))
+            async with self._session() as connection:
+                rows = await connection.fetch(
+                    CLAIM, limit, owner, float(lease_seconds), self.tenant
+                )
         return [_claim(row) for row in rows]
 
     async def claim_conversation(
         self, conversation_id: UUID, owner: str, lease_seconds: float, reason: str
     ) -> Claim | None:
         with translated_errors():
-            row = await self._pool.fetchrow(
-                CLAIM_CONVERSATION, conversation_id, owner, float(lease_seconds), reason
-            )
+            async with self._session() as connection:
+                row = await connection.fetchrow(
+                    CLAIM_CONVERSATION,
+                    conversation_id,
+                    owner,
+                    float(lease_seconds),
+                    reason,
+                    self.tenant,
+                )
         return _claim(row) if row is not None else None
 
     async def listen_for_due(self, wake: Callable[[], None]) -> Closer:
@@ -418,24 +503,25 @@ class PostgresBackend:
         self, claim: Claim, end: AttemptEnd, attempt: AttemptRecord
     ) -> AttemptOutcome:
         with translated_errors():
-            outcome: AttemptOutcome = await self._pool.fetchval(
-                END_ATTEMPT,
-                claim.conversation_id,
-                claim.lease_token,
-                end.clear_due,
-                float(end.retry_in),
-                end.dead,
-                attempt.error,
-                attempt.attempt_id,
-                attempt.tenant_id,
-                attempt.worker,
-                attempt.reason,
-                attempt.outcome,
-                attempt.started_at,
-                attempt.usage,
-                attempt.model,
-                attempt.tokens_before,
-            )
+            async with self._session() as connection:
+                outcome: AttemptOutcome = await connection.fetchval(
+                    END_ATTEMPT,
+                    claim.conversation_id,
+                    claim.lease_token,
+                    end.clear_due,
+                    float(end.retry_in),
+                    end.dead,
+                    attempt.error,
+                    attempt.attempt_id,
+                    attempt.tenant_id,
+                    attempt.worker,
+                    attempt.reason,
+                    attempt.outcome,
+                    attempt.started_at,
+                    attempt.usage,
+                    attempt.model,
+                    attempt.tokens_before,
+                )
         return outcome
 
     async def mark_due_by_age(self, trigger: EpisodicCompactionConfig) -> int:
@@ -459,7 +545,10 @@ class PostgresBackend:
 
     async def load_tail(self, conversation_id: UUID) -> LoadedTail | None:
         with translated_errors():
-            rows = await self._pool.fetch(LOAD_TAIL, conversation_id)
+            if self.tenant is not None:
+                rows = await self._pool.fetch(SCOPED_LOAD_TAIL, conversation_id, self.tenant)
+            else:
+                rows = await self._pool.fetch(LOAD_TAIL, conversation_id)
         if not rows:
             return None
         first = rows[0]
@@ -472,12 +561,16 @@ class PostgresBackend:
         self, conversation_id: UUID, after_seq: int, limit: int
     ) -> list[StoredEvent]:
         with translated_errors():
-            rows = await self._pool.fetch(READ_EVENTS, conversation_id, after_seq, limit)
+            async with self._session() as connection:
+                rows = await connection.fetch(
+                    READ_EVENTS, conversation_id, after_seq, limit, self.tenant
+                )
         return [decode_event_row(conversation_id, row) for row in rows]
 
     async def get_conversation(self, conversation_id: UUID) -> Conversation | None:
         with translated_errors():
-            row = await self._pool.fetchrow(GET_CONVERSATION, conversation_id)
+            async with self._session() as connection:
+                row = await connection.fetchrow(GET_CONVERSATION, conversation_id, self.tenant)
         return decode_conversation(row) if row is not None else None
 
     async def close(self) -> None:

@@ -75,13 +75,22 @@ def _configure(engine: AsyncEngine) -> None:
 class SqliteBackend:
     dialect = "sqlite"
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(
+        self, engine: AsyncEngine, *, tenant: str | None = None, write_lock: asyncio.Lock | None
+    ) -> None:
         self._engine = engine
         self._writer = engine.execution_options(**{_WRITE: True})
         # SQLite has one writer at a time. Queueing this process's writers here is fair and
         # prompt; leaving it to the busy handler makes them sleep and poll. Other processes
         # still wait on BEGIN IMMEDIATE.
-        self._write_lock = asyncio.Lock()
+        self._write_lock = write_lock or asyncio.Lock()
+        #: SQLite has no row-level security: a scoped backend filters every read of a head
+        #: by this tenant itself, so another tenant's conversation is simply not there.
+        self.tenant = tenant
+
+    def for_tenant(self, tenant: str) -> SqliteBackend:
+        """The same engine (and write queue), every operation scoped to ``tenant``."""
+        return SqliteBackend(self._engine, tenant=tenant, write_lock=self._write_lock)
 
     @asynccontextmanager
     async def _write(self) -> AsyncIterator[AsyncConnection]:
@@ -97,7 +106,7 @@ class SqliteBackend:
             options["poolclass"] = StaticPool
         engine = create_async_engine(url.sqlalchemy, **options)
         _configure(engine)
-        return cls(engine)
+        return cls(engine, write_lock=None)
 
     async def migrate(self) -> None:
         with translated_errors():
@@ -132,7 +141,7 @@ class SqliteBackend:
         # The same checks, in the same order, as the PostgreSQL function episodic_append.
         with translated_errors():
             async with self._write() as conn:
-                head = await _head(conn, conversation_id)
+                head = await _head(conn, conversation_id, self.tenant)
                 if head is None:
                     return WriteOutcome("not_found")
                 if batch.idempotency_key is not None:
@@ -216,7 +225,7 @@ class SqliteBackend:
     ) -> WriteOutcome:
         with translated_errors():
             async with self._write() as conn:
-                head = await _head(conn, conversation_id)
+                head = await _head(conn, conversation_id, self.tenant)
                 if head is None:
                     return WriteOutcome("not_found")
                 counters = decode_counters(head)
@@ -254,7 +263,7 @@ class SqliteBackend:
     ) -> BoundaryWrite | None:
         with translated_errors():
             async with self._write() as conn:
-                head = await _head(conn, conversation_id)
+                head = await _head(conn, conversation_id, self.tenant)
                 if head is None:
                     return None
                 tail = await _events_after(conn, conversation_id, covers_through_seq, None)
@@ -296,6 +305,7 @@ class SqliteBackend:
                             head.dead_since.is_(None),
                             head.next_attempt_at <= now,
                             or_(head.lease_expires_at.is_(None), head.lease_expires_at <= now),
+                            *_of_tenant(self.tenant),
                         )
                         .order_by(head.next_attempt_at)
                         .limit(limit)
@@ -309,7 +319,7 @@ class SqliteBackend:
         now = datetime.now(UTC)
         with translated_errors():
             async with self._write() as conn:
-                row = await _head(conn, conversation_id)
+                row = await _head(conn, conversation_id, self.tenant)
                 if row is None:
                     return None
                 lease_end = row["lease_expires_at"]
@@ -356,6 +366,7 @@ class SqliteBackend:
                     .where(
                         head.conversation_id == claim.conversation_id,
                         head.lease_token == claim.lease_token,
+                        head.tenant_id == claim.tenant_id,
                     )
                     .values(**changes)
                 )
@@ -433,7 +444,7 @@ class SqliteBackend:
     async def load_tail(self, conversation_id: UUID) -> LoadedTail | None:
         with translated_errors():
             async with self._engine.connect() as conn:
-                head = await _head(conn, conversation_id)
+                head = await _head(conn, conversation_id, self.tenant)
                 if head is None:
                     return None
                 tail = await _events_after(conn, conversation_id, head["covers_through_seq"], None)
@@ -444,24 +455,36 @@ class SqliteBackend:
     ) -> list[StoredEvent]:
         with translated_errors():
             async with self._engine.connect() as conn:
+                if (
+                    self.tenant is not None
+                    and await _head(conn, conversation_id, self.tenant) is None
+                ):
+                    return []
                 return await _events_after(conn, conversation_id, after_seq, limit)
 
     async def get_conversation(self, conversation_id: UUID) -> Conversation | None:
         with translated_errors():
             async with self._engine.connect() as conn:
-                head = await _head(conn, conversation_id)
+                head = await _head(conn, conversation_id, self.tenant)
         return decode_conversation(head) if head is not None else None
 
     async def close(self) -> None:
         await self._engine.dispose()
 
 
-async def _head(conn: AsyncConnection, conversation_id: UUID) -> Mapping[str, Any] | None:
-    result = await conn.execute(
-        select(conversations).where(conversations.c.conversation_id == conversation_id)
-    )
+async def _head(
+    conn: AsyncConnection, conversation_id: UUID, tenant: str | None
+) -> Mapping[str, Any] | None:
+    query = select(conversations).where(conversations.c.conversation_id == conversation_id)
+    if tenant is not None:
+        query = query.where(conversations.c.tenant_id == tenant)
+    result = await conn.execute(query)
     row = result.mappings().first()
     return dict(row) if row is not None else None
+
+
+def _of_tenant(tenant: str | None) -> list[Any]:
+    return [] if tenant is None else [conversations.c.tenant_id == tenant]
 
 
 async def _save_counters(
@@ -500,7 +523,7 @@ async def _take_lease(
             **extra,
         )
     )
-    row = await _head(conn, conversation_id)
+    row = await _head(conn, conversation_id, None)
     assert row is not None
     return Claim(
         conversation_id=conversation_id,

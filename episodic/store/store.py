@@ -18,6 +18,7 @@ from episodic.errors import (
     IdempotencyMismatchError,
     NotFoundError,
     OrphanToolResultError,
+    TenantDeniedError,
     ValidationError,
 )
 from episodic.models import (
@@ -74,8 +75,10 @@ class EpisodicStore:
         estimator: TokenEstimator,
         max_message_bytes: int,
         trigger: EpisodicCompactionConfig | None = None,
+        owns_backend: bool = True,
     ) -> None:
         self._backend = backend
+        self._owns_backend = owns_backend
         self.estimator = estimator
         self.max_message_bytes = max_message_bytes
         #: when appends mark a conversation due for compaction (per-conversation overrides in
@@ -119,6 +122,34 @@ class EpisodicStore:
             trigger=trigger or settings.trigger_config(),
         )
 
+    def for_tenant(self, tenant_id: str) -> EpisodicStore:
+        """This store, scoped to one tenant: the way a multi-tenant server should use it.
+
+        Every operation runs under ``tenant_id``: another tenant's conversations are not
+        found (:class:`NotFoundError`) and can be neither read nor written. On PostgreSQL the
+        database enforces it too, with row-level security (the tenant is set per transaction,
+        never per connection); on SQLite the store does. Shares this store's connections;
+        closing it does nothing, close the store it came from."""
+        _check_tenant(tenant_id)
+        scope = self._backend.tenant
+        if scope is not None and tenant_id != scope:
+            raise TenantDeniedError(
+                f"this store is scoped to tenant {scope!r}; it cannot act for {tenant_id!r}",
+                tenant_id=tenant_id,
+            )
+        return EpisodicStore(
+            self._backend.for_tenant(tenant_id),
+            estimator=self.estimator,
+            max_message_bytes=self.max_message_bytes,
+            trigger=self.trigger,
+            owns_backend=False,
+        )
+
+    @property
+    def tenant_id(self) -> str | None:
+        """The tenant this store is scoped to (:meth:`for_tenant`), or None."""
+        return self._backend.tenant
+
     @property
     def dialect(self) -> str:
         """``"postgresql"`` or ``"sqlite"``."""
@@ -130,7 +161,8 @@ class EpisodicStore:
         await self._backend.migrate()
 
     async def close(self) -> None:
-        await self._backend.close()
+        if self._owns_backend:
+            await self._backend.close()
 
     async def __aenter__(self) -> Self:
         return self
@@ -148,12 +180,23 @@ class EpisodicStore:
     async def create_conversation(
         self,
         *,
-        tenant_id: str = DEFAULT_TENANT,
+        tenant_id: str | None = None,
         metadata: Mapping[str, JsonValue] | None = None,
         conversation_id: UUID | str | None = None,
     ) -> UUID:
-        """Start a conversation and return its id (a new UUID unless you pass one)."""
+        """Start a conversation and return its id (a new UUID unless you pass one).
+        ``tenant_id`` defaults to the store's tenant (:meth:`for_tenant`), else ``"default"``;
+        a scoped store refuses another with :class:`TenantDeniedError`."""
+        scope = self._backend.tenant
+        if tenant_id is None:
+            tenant_id = scope or DEFAULT_TENANT
         _check_tenant(tenant_id)
+        if scope is not None and tenant_id != scope:
+            raise TenantDeniedError(
+                f"this store is scoped to tenant {scope!r} and cannot create a conversation "
+                f"for tenant {tenant_id!r}; use store.for_tenant({tenant_id!r})",
+                tenant_id=tenant_id,
+            )
         if metadata is not None and not isinstance(metadata, Mapping):
             raise ValidationError("metadata must be a mapping", field="metadata")
         meta = dict(metadata or {})
@@ -409,6 +452,13 @@ class EpisodicStore:
         """Finish an attempt that wrote no boundary: release the lease, schedule the retry or
         the dead state, and record the attempt, all fenced by the lease token. Returns the
         outcome recorded (``lease_lost`` when another worker holds the lease now)."""
+        scope = self._backend.tenant
+        if scope is not None and claim.tenant_id != scope:
+            raise TenantDeniedError(
+                f"this store is scoped to tenant {scope!r}; the claim on conversation "
+                f"{claim.conversation_id} is tenant {claim.tenant_id!r}'s",
+                tenant_id=claim.tenant_id,
+            )
         return await self._backend.end_attempt(claim, end, attempt)
 
     async def mark_due_by_age(self) -> int:

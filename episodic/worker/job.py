@@ -69,6 +69,9 @@ async def compact_claimed(
 ) -> JobResult:
     """Run one attempt for ``claim`` and record it. Never raises for a failed attempt: the
     outcome says what happened, and the head's due state says what happens next."""
+    # The worker claims across tenants, but reads and writes only as the claim's tenant: on
+    # PostgreSQL, row-level security shows the worker no other tenant's messages.
+    store = store.for_tenant(claim.tenant_id)
     started = datetime.now(UTC)
     record = AttemptRecord(
         conversation_id=claim.conversation_id,

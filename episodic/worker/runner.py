@@ -190,7 +190,8 @@ class CompactionWorker:
             error="the worker shut down before the attempt finished",
         )
         try:
-            await self.store.end_attempt(claim, AttemptEnd(retry_in=0), replace(record))
+            scoped = self.store.for_tenant(claim.tenant_id)
+            await scoped.end_attempt(claim, AttemptEnd(retry_in=0), replace(record))
         except Exception:
             logger.exception("could not release %s; its lease will expire", claim.conversation_id)
 

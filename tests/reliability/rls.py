@@ -1,0 +1,93 @@
+"""A database migrated by a non-superuser owner, and login roles for the runtime roles.
+
+Superusers bypass row-level security even with FORCE, so the tenant tests need what a
+production deployment has: tables owned by an ordinary role, and applications that log in as
+members of ``episodic_app`` or ``episodic_worker``. Roles belong to the cluster; they are
+created once (IF NOT EXISTS) and shared by every run.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import asyncpg
+from sqlalchemy.engine import make_url
+
+from episodic import EpisodicStore
+from episodic.settings import EpisodicSettings
+
+OWNER = "episodic_test_owner"
+APP = "episodic_test_app"
+WORKER = "episodic_test_worker"
+LOGINS = {OWNER: None, APP: "episodic_app", WORKER: "episodic_worker"}
+
+
+@dataclass(frozen=True)
+class RlsDatabase:
+    """URLs of one database, one per login role."""
+
+    server: str
+    name: str
+
+    def url(self, role: str) -> str:
+        return (
+            make_url(self.server)
+            .set(database=self.name, username=role, password=None)
+            .render_as_string(hide_password=False)
+        )
+
+    def dsn(self, role: str) -> str:
+        return (
+            make_url(self.url(role))
+            .set(drivername="postgresql")
+            .render_as_string(hide_password=False)
+        )
+
+
+def _dsn(server: str) -> str:
+    return make_url(server).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+async def _ensure_roles(admin: asyncpg.Connection) -> None:
+    for login, group in LOGINS.items():
+        grant = f" IN ROLE {group}" if group else ""
+        await admin.execute(
+            f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{login}') THEN "
+            f"CREATE ROLE {login} LOGIN NOSUPERUSER NOBYPASSRLS{grant}; END IF; "
+            "EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$"
+        )
+
+
+@asynccontextmanager
+async def rls_database(server: str) -> AsyncIterator[RlsDatabase]:
+    """A fresh database owned by ``episodic_test_owner`` and migrated by it. The runtime
+    group roles must exist already (the session's template migration, run as a superuser,
+    created them)."""
+    name = f"episodic_rls_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(_dsn(server))
+    try:
+        await _ensure_roles(admin)
+        await admin.execute(f'CREATE DATABASE "{name}" OWNER {OWNER}')
+    finally:
+        await admin.close()
+    database = RlsDatabase(server, name)
+    try:
+        store = await EpisodicStore.open(database.url(OWNER), settings=settings())
+        try:
+            await store.migrate()
+        finally:
+            await store.close()
+        yield database
+    finally:
+        admin = await asyncpg.connect(_dsn(server))
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
+def settings(**overrides: object) -> EpisodicSettings:
+    return EpisodicSettings(_env_file=None, **overrides)  # type: ignore[arg-type]
