@@ -113,8 +113,11 @@ SELECT e.seq, e.kind, e.created_at, e.token_estimate, e.payload, e.usage
 # seq, same boundary, lease still held). If anything moved, plan again on the new state. Three
 # round trips, no explicit transaction.
 READ_HEAD = """
-SELECT *, now() AS database_now FROM episodic_conversations
- WHERE conversation_id = $1 AND ($2::text IS NULL OR tenant_id = $2)
+SELECT *, now() AS database_now FROM episodic_conversations WHERE conversation_id = $1
+"""
+
+SCOPED_READ_HEAD = """
+SELECT *, now() AS database_now FROM episodic_scoped_head($2, $1)
 """
 
 READ_TAIL_AFTER = """
@@ -124,37 +127,17 @@ SELECT o_seq AS seq, o_kind AS kind, o_created_at AS created_at,
  WHERE o_seq IS NOT NULL
 """
 
+SCOPED_READ_TAIL_AFTER = """
+SELECT o_seq AS seq, o_kind AS kind, o_created_at AS created_at,
+       o_token_estimate AS token_estimate, o_payload AS payload, o_usage AS usage
+  FROM episodic_scoped_load_tail($3, $1, $2)
+ WHERE o_seq IS NOT NULL
+"""
+
+# Migration 0004's function, which also sets the tenant of a scoped caller (one round trip).
 WRITE_BOUNDARY = """
-WITH head AS (
-    UPDATE episodic_conversations SET
-        last_seq = $3, boundary_seq = $3, covers_through_seq = $4,
-        user_messages_since_boundary = $5, run_completed_since_boundary = $6,
-        user_messages_since_run_completed = $7, context_tokens = $8,
-        usage_input_tokens = NULL, tokens_since_usage = 0,
-        due_since = NULL, due_reason = NULL, lease_owner = NULL, lease_token = NULL,
-        lease_expires_at = NULL, compaction_attempts = 0, next_attempt_at = NULL,
-        last_error = NULL, dead_since = NULL, boundary_at = $9
-     WHERE conversation_id = $1
-       AND last_seq = $2
-       AND boundary_seq IS NOT DISTINCT FROM $10
-       AND ($11::uuid IS NULL OR (lease_token = $11 AND lease_expires_at > now()))
-    RETURNING tenant_id
-), boundary AS (
-    INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
-                                 token_estimate, payload)
-    SELECT $1, $3, tenant_id, 'boundary', $9, $12, $13 FROM head
-    RETURNING seq
-), attempt AS (
-    INSERT INTO episodic_compaction_attempts (
-        conversation_id, attempt_id, tenant_id, worker, reason, outcome, error, started_at,
-        finished_at, usage, model, tokens_before, tokens_after, boundary_seq
-    )
-    SELECT $1, $14::uuid, tenant_id, $15, $16, $17, $18, $19, $20, $21::jsonb, $22, $23,
-           $24, $3
-      FROM head
-     WHERE $14::uuid IS NOT NULL
-)
-SELECT count(*) FROM boundary
+SELECT episodic_write_boundary($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
+                               $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25)
 """
 
 #: Plans of a boundary that a busy conversation may force before the write gives up.
@@ -205,27 +188,8 @@ DUE_CHANNEL = "episodic_due"
 # Ends an attempt that wrote no boundary, fenced by the lease token, and records it, in one
 # statement. A worker whose lease was taken over changes nothing but the ledger.
 END_ATTEMPT = """
-WITH head AS (
-    UPDATE episodic_conversations
-       SET lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-           due_since = CASE WHEN $3 THEN NULL ELSE due_since END,
-           due_reason = CASE WHEN $3 THEN NULL ELSE due_reason END,
-           compaction_attempts = CASE WHEN $3 THEN 0 ELSE compaction_attempts END,
-           next_attempt_at = CASE WHEN $3 THEN NULL
-                                  ELSE now() + make_interval(secs => $4) END,
-           dead_since = CASE WHEN $5 THEN now() ELSE dead_since END,
-           last_error = $6
-     WHERE conversation_id = $1 AND lease_token = $2 AND tenant_id = $8
- RETURNING tenant_id
-)
-INSERT INTO episodic_compaction_attempts (
-    conversation_id, attempt_id, tenant_id, worker, reason, outcome, error, started_at,
-    finished_at, usage, model, tokens_before, tokens_after, boundary_seq
-)
-SELECT $1::uuid, $7::uuid, $8::text, $9::text, $10::text,
-       CASE WHEN EXISTS (SELECT 1 FROM head) THEN $11::text ELSE 'lease_lost' END,
-       $6::text, $12::timestamptz, now(), $13::jsonb, $14::text, $15::bigint, NULL, NULL
-RETURNING outcome
+SELECT episodic_end_attempt($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                            $16)
 """
 
 MARK_DUE_BY_AGE = """
@@ -267,8 +231,11 @@ SELECT conversation_id, worker, reason, outcome, error, started_at, finished_at,
 """
 
 GET_CONVERSATION = """
-SELECT * FROM episodic_conversations
- WHERE conversation_id = $1 AND ($2::text IS NULL OR tenant_id = $2)
+SELECT * FROM episodic_conversations WHERE conversation_id = $1
+"""
+
+SCOPED_GET_CONVERSATION = """
+SELECT * FROM episodic_scoped_head($2, $1)
 """
 
 
@@ -410,7 +377,7 @@ class PostgresBackend:
     ) -> BoundaryWrite | None:
         for _ in range(BOUNDARY_WRITE_TRIES):
             with translated_errors():
-                async with self._session() as connection:
+                async with self._pool.acquire() as connection:
                     done, write = await self._try_boundary(
                         connection, conversation_id, covers_through_seq, plan, attempt
                     )
@@ -432,10 +399,16 @@ class PostgresBackend:
     ) -> tuple[bool, BoundaryWrite | None]:
         """One optimistic try: (done, write). Done with None when the conversation is not
         there; not done when it changed between the reads and the write."""
-        head = await connection.fetchrow(READ_HEAD, conversation_id, self.tenant)
+        if self.tenant is None:
+            head = await connection.fetchrow(READ_HEAD, conversation_id)
+            rows = await connection.fetch(READ_TAIL_AFTER, conversation_id, covers_through_seq)
+        else:
+            head = await connection.fetchrow(SCOPED_READ_HEAD, conversation_id, self.tenant)
+            rows = await connection.fetch(
+                SCOPED_READ_TAIL_AFTER, conversation_id, covers_through_seq, self.tenant
+            )
         if head is None:
             return True, None
-        rows = await connection.fetch(READ_TAIL_AFTER, conversation_id, covers_through_seq)
         # The tail was read a moment after the head: keep it consistent with the head read
         # (the conditional write refuses if the head moved, and the loop plans again).
         tail = [
@@ -460,6 +433,7 @@ class PostgresBackend:
             event.token_estimate,
             write.payload,
             *_attempt_values(done),
+            self.tenant,
         )
         return (True, write) if written else (False, None)
 
@@ -503,7 +477,7 @@ class PostgresBackend:
         self, claim: Claim, end: AttemptEnd, attempt: AttemptRecord
     ) -> AttemptOutcome:
         with translated_errors():
-            async with self._session() as connection:
+            async with self._pool.acquire() as connection:
                 outcome: AttemptOutcome = await connection.fetchval(
                     END_ATTEMPT,
                     claim.conversation_id,
@@ -521,6 +495,7 @@ class PostgresBackend:
                     attempt.usage,
                     attempt.model,
                     attempt.tokens_before,
+                    self.tenant,
                 )
         return outcome
 
@@ -569,8 +544,12 @@ class PostgresBackend:
 
     async def get_conversation(self, conversation_id: UUID) -> Conversation | None:
         with translated_errors():
-            async with self._session() as connection:
-                row = await connection.fetchrow(GET_CONVERSATION, conversation_id, self.tenant)
+            if self.tenant is None:
+                row = await self._pool.fetchrow(GET_CONVERSATION, conversation_id)
+            else:
+                row = await self._pool.fetchrow(
+                    SCOPED_GET_CONVERSATION, conversation_id, self.tenant
+                )
         return decode_conversation(row) if row is not None else None
 
     async def close(self) -> None:

@@ -76,9 +76,7 @@ def upgrade() -> None:
     op.execute(f"GRANT UPDATE ({WORKER_HEAD_COLUMNS}) ON episodic_conversations TO episodic_worker")
     op.execute("GRANT SELECT, INSERT ON episodic_events TO episodic_worker")
     op.execute("GRANT SELECT, INSERT ON episodic_compaction_attempts TO episodic_worker")
-    op.execute(
-        "GRANT SELECT, INSERT, UPDATE ON episodic_conversations TO episodic_all_tenants"
-    )
+    op.execute("GRANT SELECT, INSERT, UPDATE ON episodic_conversations TO episodic_all_tenants")
     op.execute(
         "GRANT SELECT, INSERT ON episodic_events, episodic_compaction_attempts "
         "TO episodic_all_tenants"
@@ -107,7 +105,16 @@ def upgrade() -> None:
         "CREATE POLICY episodic_worker_ledger ON episodic_compaction_attempts FOR SELECT "
         "TO episodic_worker USING (true)"
     )
-    for statement in (SET_TENANT, SCOPED_CREATE, SCOPED_APPEND, SCOPED_MARK, SCOPED_LOAD_TAIL):
+    for statement in (
+        SET_TENANT,
+        SCOPED_CREATE,
+        SCOPED_APPEND,
+        SCOPED_MARK,
+        SCOPED_LOAD_TAIL,
+        SCOPED_HEAD,
+        WRITE_BOUNDARY,
+        END_ATTEMPT,
+    ):
         op.execute(statement)
 
 
@@ -130,6 +137,12 @@ def downgrade() -> None:
 
 
 SIGNATURES = (
+    "episodic_end_attempt(uuid, uuid, boolean, double precision, boolean, text, uuid, text, "
+    "text, text, text, timestamptz, jsonb, text, bigint, text)",
+    "episodic_write_boundary(uuid, bigint, bigint, bigint, bigint, bigint, bigint, bigint, "
+    "timestamptz, bigint, uuid, integer, text, uuid, text, text, text, text, timestamptz, "
+    "timestamptz, jsonb, text, bigint, bigint, text)",
+    "episodic_scoped_head(text, uuid)",
     "episodic_scoped_load_tail(text, uuid, bigint)",
     "episodic_scoped_mark_run_completed(text, uuid, integer, bigint, bigint, bigint, bigint)",
     "episodic_scoped_append(text, uuid, bigint, text, text, text[], integer[], text[], text, "
@@ -251,6 +264,112 @@ BEGIN
         RETURN;
     END IF;
     RETURN QUERY SELECT * FROM episodic_load_tail(p_conversation_id, p_after_seq);
+END
+$fn$
+"""
+
+SCOPED_HEAD = """
+CREATE FUNCTION episodic_scoped_head(p_tenant text, p_conversation_id uuid)
+RETURNS SETOF episodic_conversations
+LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+    PERFORM episodic_set_tenant(p_tenant);
+    RETURN QUERY SELECT * FROM episodic_conversations c
+                  WHERE c.conversation_id = p_conversation_id AND c.tenant_id = p_tenant;
+END
+$fn$
+"""
+
+# The boundary write and the end of an attempt, as functions so that a tenant-scoped caller
+# (the worker always is one) sets its tenant in the same round trip. $25 / $16: the tenant,
+# or NULL for a caller whose role sees every tenant.
+#
+# The boundary applies only if the head is still the one the caller planned on (same last
+# seq, same boundary, lease still held); it returns the number of boundaries written, 0 or 1.
+WRITE_BOUNDARY = """
+CREATE FUNCTION episodic_write_boundary(
+    uuid, bigint, bigint, bigint, bigint, bigint, bigint, bigint, timestamptz, bigint, uuid,
+    integer, text, uuid, text, text, text, text, timestamptz, timestamptz, jsonb, text, bigint,
+    bigint, text
+) RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_written bigint;
+BEGIN
+    IF $25 IS NOT NULL THEN
+        PERFORM episodic_set_tenant($25);
+    END IF;
+    WITH head AS (
+        UPDATE episodic_conversations SET
+            last_seq = $3, boundary_seq = $3, covers_through_seq = $4,
+            user_messages_since_boundary = $5, run_completed_since_boundary = $6,
+            user_messages_since_run_completed = $7, context_tokens = $8,
+            usage_input_tokens = NULL, tokens_since_usage = 0,
+            due_since = NULL, due_reason = NULL, lease_owner = NULL, lease_token = NULL,
+            lease_expires_at = NULL, compaction_attempts = 0, next_attempt_at = NULL,
+            last_error = NULL, dead_since = NULL, boundary_at = $9
+         WHERE conversation_id = $1
+           AND ($25 IS NULL OR tenant_id = $25)
+           AND last_seq = $2
+           AND boundary_seq IS NOT DISTINCT FROM $10
+           AND ($11 IS NULL OR (lease_token = $11 AND lease_expires_at > now()))
+        RETURNING tenant_id
+    ), boundary AS (
+        INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
+                                     token_estimate, payload)
+        SELECT $1, $3, tenant_id, 'boundary', $9, $12, $13 FROM head
+        RETURNING seq
+    ), attempt AS (
+        INSERT INTO episodic_compaction_attempts (
+            conversation_id, attempt_id, tenant_id, worker, reason, outcome, error, started_at,
+            finished_at, usage, model, tokens_before, tokens_after, boundary_seq
+        )
+        SELECT $1, $14, tenant_id, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $3
+          FROM head
+         WHERE $14 IS NOT NULL
+    )
+    SELECT count(*) INTO v_written FROM boundary;
+    RETURN v_written;
+END
+$fn$
+"""
+
+# Ends an attempt that wrote no boundary, fenced by the lease token, and records it. A
+# worker whose lease was taken over changes nothing but the ledger ('lease_lost').
+END_ATTEMPT = """
+CREATE FUNCTION episodic_end_attempt(
+    uuid, uuid, boolean, double precision, boolean, text, uuid, text, text, text, text,
+    timestamptz, jsonb, text, bigint, text
+) RETURNS text
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_outcome text;
+BEGIN
+    IF $16 IS NOT NULL THEN
+        PERFORM episodic_set_tenant($16);
+    END IF;
+    WITH head AS (
+        UPDATE episodic_conversations
+           SET lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+               due_since = CASE WHEN $3 THEN NULL ELSE due_since END,
+               due_reason = CASE WHEN $3 THEN NULL ELSE due_reason END,
+               compaction_attempts = CASE WHEN $3 THEN 0 ELSE compaction_attempts END,
+               next_attempt_at = CASE WHEN $3 THEN NULL
+                                      ELSE now() + make_interval(secs => $4) END,
+               dead_since = CASE WHEN $5 THEN now() ELSE dead_since END,
+               last_error = $6
+         WHERE conversation_id = $1 AND lease_token = $2 AND tenant_id = $8
+         RETURNING tenant_id
+    )
+    INSERT INTO episodic_compaction_attempts (
+        conversation_id, attempt_id, tenant_id, worker, reason, outcome, error, started_at,
+        finished_at, usage, model, tokens_before, tokens_after, boundary_seq
+    )
+    SELECT $1, $7, $8, $9, $10,
+           CASE WHEN EXISTS (SELECT 1 FROM head) THEN $11 ELSE 'lease_lost' END,
+           $6, $12, now(), $13, $14, $15, NULL, NULL
+    RETURNING outcome INTO v_outcome;
+    RETURN v_outcome;
 END
 $fn$
 """
