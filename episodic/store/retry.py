@@ -3,7 +3,9 @@
 Only operations whose retry cannot change the outcome are retried: reads, and appends that
 carry an idempotency key (a retry of one that did commit returns the first result). Anything
 else surfaces the :class:`TransientDatabaseError` at once: the caller knows whether its write
-may be repeated, the store does not. Conflicts are never retried.
+may be repeated, the store does not. Conflicts are never retried, and neither are lock
+timeouts: the session holding the lock most likely still holds it, and the caller chose how
+long it would wait (``lock_timeout_ms``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from episodic.errors import TransientDatabaseError
+from episodic.errors import LockTimeoutError, TransientDatabaseError
 
 T = TypeVar("T")
 
@@ -29,8 +31,8 @@ async def retry_transient(operation: Callable[[], Awaitable[T]], *, safe: bool) 
     for attempt in range(1, ATTEMPTS + 1):
         try:
             return await operation()
-        except TransientDatabaseError:
-            if not safe or attempt == ATTEMPTS:
+        except TransientDatabaseError as exc:
+            if not safe or attempt == ATTEMPTS or isinstance(exc, LockTimeoutError):
                 raise
         await asyncio.sleep(delay * random.uniform(0.5, 1.5))
         delay *= 2
