@@ -42,6 +42,19 @@ DatabaseUrlOption = Annotated[
     ),
 ]
 
+TenantOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tenant",
+        help="Act as this tenant (store.for_tenant). Needed on PostgreSQL when your role is "
+        "held to one tenant by row-level security, as the runtime roles and the owner are.",
+    ),
+]
+
+
+def _scoped(store: EpisodicStore, tenant: str | None) -> EpisodicStore:
+    return store.for_tenant(tenant) if tenant is not None else store
+
 
 def _run(
     work: Callable[[EpisodicStore], Awaitable[T]],
@@ -88,11 +101,13 @@ def show(
     max_tool_result_tokens: Annotated[
         int | None, typer.Option(help="With --context: cut longer tool results, as at load.")
     ] = None,
+    tenant: TenantOption = None,
 ) -> None:
     """Print a conversation's head counters and its events, or with --context the messages
     the next request would load, with token counts."""
 
     async def work(store: EpisodicStore) -> None:
+        store = _scoped(store, tenant)
         if context:
             await _print_context(store, conversation_id, width, max_tool_result_tokens)
             return
@@ -202,12 +217,14 @@ def status(
 def compact(
     conversation_id: Annotated[str, typer.Argument(help="The conversation's UUID.")],
     database_url: DatabaseUrlOption = None,
+    tenant: TenantOption = None,
 ) -> None:
     """Compact one conversation now, due or not (a boundary with reason manual_recovery),
     with the summarizer the settings name."""
     settings = EpisodicSettings()
 
     async def work(store: EpisodicStore) -> None:
+        store = _scoped(store, tenant)
         runner = worker_from_settings(store, settings)
         owner = f"cli:{runner.worker_id}"
         claim = await store.claim_conversation(

@@ -225,6 +225,22 @@ async def test_show_reads_the_url_from_the_environment(populated: Populated, wor
     assert not (workdir / "episodic.db").exists(), "the default database was opened instead"
 
 
+async def test_show_as_a_tenant_sees_only_that_tenants_conversations(
+    populated: Populated, workdir: Path
+) -> None:
+    cid = str(populated.conversation_id)
+    own = await run_cli_async(
+        "show", cid, "--tenant", "acme", "--database-url", populated.url, cwd=workdir
+    )
+    assert own.code == 0, own.output
+    assert "tenant=acme" in own.stdout
+    other = await run_cli_async(
+        "show", cid, "--tenant", "globex", "--database-url", populated.url, cwd=workdir
+    )
+    assert other.code == 1, other.output
+    assert "does not exist" in other.stdout
+
+
 async def test_show_unknown_conversation(populated: Populated, workdir: Path) -> None:
     missing = str(uuid.uuid4())
     result = await run_cli_async("show", missing, "--database-url", populated.url, cwd=workdir)
