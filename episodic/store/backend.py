@@ -143,6 +143,11 @@ class Backend(Protocol):
 
     async def get_conversation(self, conversation_id: UUID) -> Conversation | None: ...
 
+    async def list_conversations(self, limit: int, before: UUID | None) -> list[Conversation]:
+        """Newest first; ``before``: continue after this conversation (the previous page's
+        last). Only the scoped tenant's, when scoped."""
+        ...
+
     async def close(self) -> None: ...
 
 

@@ -234,6 +234,16 @@ GET_CONVERSATION = """
 SELECT * FROM episodic_conversations WHERE conversation_id = $1
 """
 
+LIST_CONVERSATIONS = """
+SELECT * FROM episodic_conversations c
+ WHERE ($1::text IS NULL OR c.tenant_id = $1)
+   AND ($3::uuid IS NULL OR (c.created_at, c.conversation_id) < (
+        SELECT p.created_at, p.conversation_id FROM episodic_conversations p
+         WHERE p.conversation_id = $3))
+ ORDER BY c.created_at DESC, c.conversation_id DESC
+ LIMIT $2
+"""
+
 SCOPED_GET_CONVERSATION = """
 SELECT * FROM episodic_scoped_head($2, $1)
 """
@@ -551,6 +561,12 @@ class PostgresBackend:
                     SCOPED_GET_CONVERSATION, conversation_id, self.tenant
                 )
         return decode_conversation(row) if row is not None else None
+
+    async def list_conversations(self, limit: int, before: UUID | None) -> list[Conversation]:
+        with translated_errors():
+            async with self._session() as connection:
+                rows = await connection.fetch(LIST_CONVERSATIONS, self.tenant, limit, before)
+        return [decode_conversation(row) for row in rows]
 
     async def close(self) -> None:
         await self._pool.close()

@@ -82,6 +82,8 @@ conversations = Table(
     # of the current context, so an old conversation just compacted is not due again at once.
     Column("boundary_at", Timestamp, nullable=True),
     # The worker's queue: conversations due for compaction, by when they may next be tried.
+    # A tenant's conversations, newest first (list_conversations).
+    Index("ix_episodic_conversations_tenant_created", "tenant_id", "created_at", "conversation_id"),
     Index(
         "ix_episodic_conversations_due",
         "next_attempt_at",

@@ -468,6 +468,38 @@ class SqliteBackend:
                 head = await _head(conn, conversation_id, self.tenant)
         return decode_conversation(head) if head is not None else None
 
+    async def list_conversations(self, limit: int, before: UUID | None) -> list[Conversation]:
+        head = conversations.c
+        query = (
+            select(conversations)
+            .where(*_of_tenant(self.tenant))
+            .order_by(head.created_at.desc(), head.conversation_id.desc())
+            .limit(limit)
+        )
+        with translated_errors():
+            async with self._engine.connect() as conn:
+                if before is not None:
+                    cursor = (
+                        await conn.execute(
+                            select(head.created_at, head.conversation_id).where(
+                                head.conversation_id == before
+                            )
+                        )
+                    ).first()
+                    if cursor is None:
+                        return []
+                    query = query.where(
+                        or_(
+                            head.created_at < cursor.created_at,
+                            and_(
+                                head.created_at == cursor.created_at,
+                                head.conversation_id < cursor.conversation_id,
+                            ),
+                        )
+                    )
+                rows = (await conn.execute(query)).mappings().all()
+        return [decode_conversation(dict(row)) for row in rows]
+
     async def close(self) -> None:
         await self._engine.dispose()
 

@@ -223,6 +223,19 @@ class EpisodicStore:
             raise NotFoundError(cid)
         return head
 
+    async def list_conversations(
+        self, *, limit: int = 100, before: UUID | str | None = None
+    ) -> list[Conversation]:
+        """Conversations, newest first, at most ``limit``: the scoped tenant's (see
+        :meth:`for_tenant`), else every one the connection may see. For the next page, pass
+        the last one's id as ``before``."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_READ_LIMIT:
+            raise ValidationError(f"limit must be between 1 and {MAX_READ_LIMIT}", field="limit")
+        cursor = parse_conversation_id(before) if before is not None else None
+        return await retry_transient(
+            lambda: self._backend.list_conversations(limit, cursor), safe=True
+        )
+
     # ---- the log ------------------------------------------------------------------------
 
     async def append(

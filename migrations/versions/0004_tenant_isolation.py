@@ -23,7 +23,7 @@ store connected as a superuser or an ``episodic_all_tenants`` member (whom polic
 restrict) still sees only its tenant.
 
 SQLite has no roles or row-level security: there, ``store.for_tenant()`` enforces the scope in
-the store, and this revision changes nothing.
+the store. Both get an index for listing a tenant's conversations, newest first.
 
 Revision ID: 0004_tenant_isolation
 Revises: 0003_partial_unique_keys
@@ -55,6 +55,11 @@ WORKER_HEAD_COLUMNS = """
 
 
 def upgrade() -> None:
+    op.create_index(
+        "ix_episodic_conversations_tenant_created",
+        "episodic_conversations",
+        ["tenant_id", "created_at", "conversation_id"],
+    )
     if op.get_bind().dialect.name != "postgresql":
         return
     for role in ROLES:
@@ -119,6 +124,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index("ix_episodic_conversations_tenant_created", table_name="episodic_conversations")
     if op.get_bind().dialect.name != "postgresql":
         return
     for signature in SIGNATURES:

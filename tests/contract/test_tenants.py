@@ -95,3 +95,24 @@ async def test_a_scoped_worker_claims_only_its_tenant(store: EpisodicStore) -> N
     ).run_once()
     assert result.outcome == "succeeded"
     assert (await store.get_conversation(convs["globex"])).boundary_seq is not None
+
+
+async def test_list_conversations_pages_newest_first_within_the_tenant(
+    store: EpisodicStore,
+) -> None:
+    acme = store.for_tenant("acme")
+    made = [await acme.create_conversation() for _ in range(5)]
+    other = await store.for_tenant("globex").create_conversation()
+    first = await acme.list_conversations(limit=3)
+    rest = await acme.list_conversations(limit=3, before=first[-1].conversation_id)
+    listed = [c.conversation_id for c in first + rest]
+    assert sorted(listed) == sorted(made)
+    assert len(set(listed)) == 5
+    times = [(c.created_at, c.conversation_id) for c in first + rest]
+    assert times == sorted(times, reverse=True)
+    assert other in [c.conversation_id for c in await store.list_conversations()]
+    assert [c.conversation_id for c in await store.for_tenant("globex").list_conversations()] == [
+        other
+    ]
+    with pytest.raises(ValidationError):
+        await acme.list_conversations(limit=0)

@@ -135,7 +135,7 @@ async def test_t11_every_identity_reaches_only_its_own_tenant(rls: RlsDatabase) 
             "worker, wrong tenant": worker_store.for_tenant(b),
             "owner": owner,
         }
-        for _label, store in identities.items():
+        for label, store in identities.items():
             for conv in owned[a]:
                 for operation in (
                     lambda s, c: s.load_context(c),
@@ -155,6 +155,14 @@ async def test_t11_every_identity_reaches_only_its_own_tenant(rls: RlsDatabase) 
                     with pytest.raises(NotFoundError):
                         await operation(store, conv)
                     cells += 1
+            listed = {c.conversation_id for c in await store.list_conversations(limit=1_000)}
+            assert not listed & set(owned[a]), f"{label} listed tenant {a}'s conversations"
+            cells += 1
+        # Each tenant lists exactly its own.
+        for tenant in TENANTS:
+            listed = {c.conversation_id for c in await app.for_tenant(tenant).list_conversations()}
+            assert listed == set(owned[tenant])
+            cells += 1
         # A scoped store cannot create for, or turn into, another tenant.
         with pytest.raises(TenantDeniedError):
             await app.for_tenant(b).create_conversation(tenant_id=a)
