@@ -99,8 +99,9 @@ class NotFoundError(EpisodicError, LookupError):
 
     def __init__(self, conversation_id: UUID) -> None:
         super().__init__(
-            f"conversation {conversation_id} does not exist; create it with "
-            "store.create_conversation() first"
+            f"conversation {conversation_id} does not exist, or is not visible to this store "
+            "(another tenant's, or a database role held to one tenant used without "
+            "store.for_tenant()); create it with store.create_conversation() first"
         )
         self.conversation_id = conversation_id
 
