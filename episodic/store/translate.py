@@ -40,8 +40,17 @@ def _sqlstate(exc: BaseException) -> str | None:
     orig = getattr(exc, "orig", None)
     if orig is not None and orig is not exc:
         return _sqlstate(orig)
-    cause = exc.__cause__
-    return _sqlstate(cause) if cause is not None and cause is not exc else None
+    # __context__ too: leaving a transaction on a dead connection raises a second error
+    # while the first (with its SQLSTATE) is being handled.
+    linked = exc.__cause__ or exc.__context__
+    return _sqlstate(linked) if linked is not None and linked is not exc else None
+
+
+#: asyncpg's words for a connection that died under it (no SQLSTATE): a terminated backend's
+#: FATAL read before the socket's close (MagicStack/asyncpg#1069), or a transaction left on a
+#: closed connection.
+_DEAD_CONNECTION_ERRORS = ("ConnectionDoesNotExistError", "InternalClientError", "InterfaceError")
+_DEAD_CONNECTION_WORDS = ("connection is closed", "connection was closed", "cannot switch to state")
 
 
 def _translate(exc: BaseException) -> BaseException | None:
@@ -70,7 +79,10 @@ def _translate(exc: BaseException) -> BaseException | None:
         isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
     ):
         return TransientDatabaseError(f"database connection failed: {exc}")
-    if type(exc).__name__ == "ConnectionDoesNotExistError":
+    if type(exc).__name__ == "ConnectionDoesNotExistError" or (
+        type(exc).__name__ in _DEAD_CONNECTION_ERRORS
+        and any(words in str(exc) for words in _DEAD_CONNECTION_WORDS)
+    ):
         return TransientDatabaseError(f"database connection failed: {exc}")
     return None
 
