@@ -37,9 +37,10 @@ from uuid import UUID
 import asyncpg
 import pytest
 
-from episodic import EpisodicStore, Message
+from episodic import EpisodicStore
 from episodic.policy import EpisodicCompactionConfig
 from tests.conftest import isolated_settings
+from tests.integration.worker_processes import create_due_conversation
 from tests.reliability.sizes import size
 from tests.reliability.worker_child import Fleet, fleet, plain_dsn
 
@@ -68,20 +69,6 @@ async def store(postgres_url: str) -> AsyncIterator[EpisodicStore]:
         yield opened
     finally:
         await opened.close()
-
-
-async def _due_conversation(store: EpisodicStore, label: str) -> UUID:
-    cid = await store.create_conversation()
-    await store.append(
-        cid,
-        [
-            Message.user(f"{label}: please list the files"),
-            Message.assistant(f"{label}: there are three files"),
-            Message.user(f"{label}: now summarise the largest one"),
-            Message.assistant(f"{label}: it is a report about quarterly sales"),
-        ],
-    )
-    return cid
 
 
 async def _raw(db: asyncpg.Connection, cid: UUID) -> list[tuple[Any, ...]]:
@@ -162,7 +149,9 @@ async def _round(
     round_: int,
 ) -> list[dict[str, Any]]:
     mark = len(workers.events)
-    cids = [await _due_conversation(store, f"round {round_} #{n}") for n in range(len(a_names))]
+    cids = [
+        await create_due_conversation(store, f"round {round_} #{n}") for n in range(len(a_names))
+    ]
     raw_before = {cid: await _raw(db, cid) for cid in cids}
     # Each A claims one conversation and is stopped as soon as it is inside the call.
     stopped_at: dict[str, float] = {}
