@@ -76,14 +76,23 @@ class ToolCall(BaseModel):
         return orjson.dumps(self.args).decode()
 
 
+#: The most tokens one count may hold: far beyond any model call, and low enough that the
+#: head's sums of counts stay inside a signed 64-bit integer (PostgreSQL's bigint) and exact
+#: as a JSON number (below 2**53).
+MAX_TOKEN_COUNT = 10**15
+
+TokenCount: TypeAlias = Annotated[int, Field(ge=0, le=MAX_TOKEN_COUNT)]
+
+
 class Usage(BaseModel):
-    """Token usage a provider reported for one model call."""
+    """Token usage a provider reported for one model call; each count is at most
+    :data:`MAX_TOKEN_COUNT`."""
 
     model_config = _FROZEN
-    input_tokens: Annotated[int, Field(ge=0)] = 0
-    output_tokens: Annotated[int, Field(ge=0)] = 0
-    cache_read_tokens: Annotated[int, Field(ge=0)] = 0
-    reasoning_tokens: Annotated[int, Field(ge=0)] = 0
+    input_tokens: TokenCount = 0
+    output_tokens: TokenCount = 0
+    cache_read_tokens: TokenCount = 0
+    reasoning_tokens: TokenCount = 0
 
     @property
     def total_tokens(self) -> int:
@@ -213,16 +222,27 @@ class Message(BaseModel):
                 parts.append(f"[{block.data.get('type', 'attachment')}]")
         return "\n".join(parts)
 
-    def stored_fields(self) -> dict[str, Any]:
-        """The fields that go into the log, without defaults and without what the store sets."""
+    def stored_fields(self, *, mode: Literal["json", "python"] = "json") -> dict[str, Any]:
+        """The fields that go into the log, without defaults and without what the store sets.
+
+        ``mode="python"`` keeps tuples, and dict keys exactly as given: JSON mode turns a
+        lone surrogate in a key into U+FFFD, so the store encodes the Python form, where such
+        a key is refused instead of stored altered.
+        """
         # Not exclude_defaults: it would also drop each content block's ``type``, the tag
-        # that tells the block kinds apart when the payload is read back.
+        # that tells the block kinds apart when the payload is read back. No serializer
+        # warnings: a field of the wrong type (built with model_construct) is for validation
+        # to refuse, and warnings="error" would double the dump's cost.
         dumped = self.model_dump(
-            mode="json",
+            mode=mode,
             exclude_none=True,
             exclude={"seq", "created_at", "token_estimate"},
+            warnings=False,
         )
-        return {key: value for key, value in dumped.items() if value not in ([], {}, False)}
+        for key in _LEFT_OUT_WHEN_EMPTY:
+            if key in dumped and not dumped[key]:
+                del dumped[key]
+        return dumped
 
     def as_stored(self, *, seq: int, created_at: datetime, token_estimate: int) -> Message:
         return self.model_copy(
@@ -270,52 +290,73 @@ class Message(BaseModel):
         """Build a message from an OpenAI chat-completions message dict.
 
         A tool message does not carry its tool's name in chat-completions; pass ``tool_name``
-        or use :func:`messages_from_openai`, which finds it from the matching call.
+        or use :func:`messages_from_openai`, which finds it from the matching call. Anything
+        that is not a valid message raises :class:`~episodic.errors.ValidationError`.
         """
-        extra = dict(data)
-        role = extra.pop("role", None)
-        if role == "developer":
-            role = "system"
-        if role not in ROLES:
+        if not isinstance(data, Mapping):
             raise ValidationError(
-                f"unknown role {role!r}; expected one of {', '.join(ROLES)}", field="role"
+                f"a chat-completions message must be a mapping, not {type(data).__name__}"
             )
-        content = extra.pop("content", None)
-        fields: dict[str, Any] = {"role": role}
-        if content is not None:
-            fields["content"] = (
-                content if isinstance(content, str) else _blocks_from_openai(content)
-            )
-        raw_calls = extra.pop("tool_calls", None) or []
-        if raw_calls:
-            fields["tool_calls"] = tuple(_tool_call_from_openai(call) for call in raw_calls)
-        if role == "tool":
-            fields["tool_call_id"] = extra.pop("tool_call_id", None)
-            # chat-completions tool messages carry no name; one that came in the dict stays
-            # in ``native`` too, so it is given back.
-            fields["name"] = tool_name if tool_name is not None else extra.get("name")
-        elif "name" in extra:
-            fields["name"] = extra.pop("name")
-        reasoning = extra.pop("reasoning_content", None)
-        if isinstance(reasoning, str):
-            fields["reasoning"] = reasoning
-        elif reasoning is not None:
-            extra["reasoning_content"] = reasoning
-        if extra:
-            fields["native"] = NativePayload(protocol=OPENAI_CHAT_PROTOCOL, data=extra)
         try:
-            return cls.model_validate(fields)
-        except ValueError as exc:
+            return cls.model_validate(_fields_from_openai(dict(data), tool_name))
+        except ValidationError:
+            raise
+        except ValueError as exc:  # pydantic's, from the blocks and calls as much as the message
             raise ValidationError(f"not a valid chat-completions message: {exc}") from exc
+
+
+def _fields_from_openai(extra: dict[Any, Any], tool_name: str | None) -> dict[str, Any]:
+    """``Message`` fields from a chat-completions dict; ``extra`` keeps what has no field."""
+    role = extra.pop("role", None)
+    if role == "developer":
+        role = "system"
+    if role not in ROLES:
+        raise ValidationError(
+            f"unknown role {role!r:.80}; expected one of {', '.join(ROLES)}", field="role"
+        )
+    content = extra.pop("content", None)
+    fields: dict[str, Any] = {"role": role}
+    if content is not None:
+        fields["content"] = content if isinstance(content, str) else _blocks_from_openai(content)
+    raw_calls = extra.pop("tool_calls", None)
+    if raw_calls is not None and not isinstance(raw_calls, list | tuple):
+        raise ValidationError("tool_calls must be a list of tool calls", field="tool_calls")
+    if raw_calls:
+        fields["tool_calls"] = tuple(_tool_call_from_openai(call) for call in raw_calls)
+    if role == "tool":
+        fields["tool_call_id"] = extra.pop("tool_call_id", None)
+        # chat-completions tool messages carry no name; one that came in the dict stays
+        # in ``native`` too, so it is given back.
+        fields["name"] = tool_name if tool_name is not None else extra.get("name")
+    elif "name" in extra:
+        fields["name"] = extra.pop("name")
+    reasoning = extra.pop("reasoning_content", None)
+    if isinstance(reasoning, str):
+        fields["reasoning"] = reasoning
+    elif reasoning is not None:
+        extra["reasoning_content"] = reasoning
+    if extra:
+        fields["native"] = NativePayload(protocol=OPENAI_CHAT_PROTOCOL, data=extra)
+    return fields
+
+
+#: Message fields a payload leaves out at their default. Empty content stays: without it a
+#: user message would read back as one with no content, which is not valid.
+_LEFT_OUT_WHEN_EMPTY = ("tool_calls", "is_error", "metadata")
 
 
 def messages_from_openai(items: Sequence[Mapping[str, Any]]) -> list[Message]:
     """Convert a chat-completions message list, naming each tool result after its call."""
+    if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
+        raise ValidationError("expected a list of chat-completions messages", field="messages")
     names: dict[str, str] = {}
     out: list[Message] = []
     for item in items:
-        call_id = item.get("tool_call_id")
-        name = names.get(call_id) if item.get("role") == "tool" and call_id else None
+        # A non-mapping item, or an id that is not text, is for from_openai to refuse.
+        call_id = item.get("tool_call_id") if isinstance(item, Mapping) else None
+        name = (
+            names.get(call_id) if isinstance(call_id, str) and item.get("role") == "tool" else None
+        )
         message = Message.from_openai(item, tool_name=name)
         for call in message.tool_calls:
             names[call.id] = call.name
@@ -475,6 +516,7 @@ class Conversation(BaseModel):
 
 
 __all__ = [
+    "MAX_TOKEN_COUNT",
     "OPENAI_CHAT_PROTOCOL",
     "ROLES",
     "BoundaryEvent",

@@ -89,6 +89,7 @@ class EpisodicSettings(BaseSettings):
     lease_seconds: float | None = Field(
         default=None,
         gt=0,
+        le=7 * 86_400,
         description="Compaction lease; default twice the summarizer timeout plus 30 s.",
     )
     max_attempts: int = Field(default=5, gt=0, description="Attempts before the dead state.")

@@ -16,14 +16,25 @@ from uuid import UUID
 from pydantic import JsonValue
 
 from episodic.errors import ConflictError, LeaseLostError, UnsafeCutError, ValidationError
-from episodic.models import BoundaryEvent, Message, MessageEvent, RetentionMode, StoredEvent, Usage
+from episodic.models import (
+    MAX_TOKEN_COUNT,
+    BoundaryEvent,
+    Message,
+    MessageEvent,
+    RetentionMode,
+    StoredEvent,
+    Usage,
+)
+from episodic.policy import EpisodicCompactionPressure
 from episodic.rendering import context_token_estimate
-from episodic.store.batch import encode_json
+from episodic.store.batch import MAX_SEQ, check_int, check_text, checked_usage, encode_json
 from episodic.store.due import pressure_from
 from episodic.store.projection import HeadCounters
 from episodic.tokens import TokenEstimator
 
 RETENTION_MODES: tuple[RetentionMode, ...] = ("recent_user_messages", "recent_turns")
+#: The longest reason, model name and prompt version a boundary records.
+MAX_LABEL_LENGTH = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,21 +78,75 @@ class BoundaryWrite:
     lease_token: UUID | None = None
 
 
-def validate_request(request: BoundaryRequest) -> None:
-    """Checks that need no database, run before any SQL."""
-    if not isinstance(request.summary, str) or not request.summary.strip():
+def boundary_request(
+    *,
+    summary: str,
+    covers_through_seq: int,
+    retained: Sequence[str],
+    reason: str,
+    retention: RetentionMode,
+    expected_boundary_seq: int | None,
+    lease_token: UUID | None,
+    usage: Usage | None,
+    model: str | None,
+    prompt_version: str | None,
+    tokens_before: int | None,
+    pressure: EpisodicCompactionPressure | None,
+    max_summary_bytes: int,
+) -> BoundaryRequest:
+    """The request ``write_boundary`` was called with, every argument checked before any SQL:
+    its type and range, text the database can store, and the summary's size, which is held to
+    the limit on a message since the handoff takes the place of messages in the context."""
+    if not isinstance(summary, str) or not summary.strip():
         raise ValidationError("a boundary needs a non-empty summary", field="summary")
-    if request.retention not in RETENTION_MODES:
+    size = len(encode_json(summary, what="summary").encode("utf-8"))
+    if size > max_summary_bytes:
+        raise ValidationError(
+            f"the summary is {size:,} bytes encoded, over the limit of {max_summary_bytes:,} "
+            "bytes (EPISODIC_MAX_MESSAGE_BYTES); write a shorter summary, or raise the limit",
+            field="summary",
+        )
+    check_int(covers_through_seq, field="covers_through_seq", low=1, high=MAX_SEQ)
+    if (
+        isinstance(retained, str | bytes)
+        or not isinstance(retained, Sequence)
+        or any(not isinstance(text, str) for text in retained)
+    ):
+        raise ValidationError("retained must be a list of strings", field="retained")
+    encode_json(list(retained), what="retained")
+    check_text(reason, field="reason", max_length=MAX_LABEL_LENGTH)
+    if retention not in RETENTION_MODES:
         raise ValidationError(
             f"retention must be one of {', '.join(RETENTION_MODES)}", field="retention"
         )
-    if any(not isinstance(text, str) for text in request.retained):
-        raise ValidationError("retained must be a list of strings", field="retained")
-    if not isinstance(request.reason, str) or not request.reason:
-        raise ValidationError("a boundary needs a reason", field="reason")
-    covers = request.covers_through_seq
-    if isinstance(covers, bool) or not isinstance(covers, int) or covers < 1:
-        raise ValidationError("covers_through_seq must be a positive seq", field="covers")
+    if lease_token is not None and not isinstance(lease_token, UUID):
+        raise ValidationError(
+            "lease_token must be the UUID of a claim (Claim.lease_token)", field="lease_token"
+        )
+    for field_name, label in (("model", model), ("prompt_version", prompt_version)):
+        if label is not None:
+            check_text(label, field=field_name, max_length=MAX_LABEL_LENGTH, min_length=0)
+    if tokens_before is not None:
+        check_int(tokens_before, field="tokens_before", low=0, high=MAX_TOKEN_COUNT)
+    if pressure is not None and not isinstance(pressure, EpisodicCompactionPressure):
+        raise ValidationError(
+            "pressure must be an EpisodicCompactionPressure (store.pressure() gives one)",
+            field="pressure",
+        )
+    return BoundaryRequest(
+        summary=summary,
+        covers_through_seq=covers_through_seq,
+        retained=tuple(retained),
+        reason=reason,
+        retention=retention,
+        expected_boundary_seq=expected_boundary_seq,
+        lease_token=lease_token,
+        usage=checked_usage(usage) if usage is not None else None,
+        model=model,
+        prompt_version=prompt_version,
+        tokens_before=tokens_before,
+        pressure=pressure.model_dump(mode="json") if pressure is not None else {},
+    )
 
 
 def plan_boundary(
@@ -198,10 +263,11 @@ def _check_cut(
 
 
 __all__ = [
+    "MAX_LABEL_LENGTH",
     "RETENTION_MODES",
     "BoundaryRequest",
     "BoundaryWrite",
     "HeadState",
+    "boundary_request",
     "plan_boundary",
-    "validate_request",
 ]

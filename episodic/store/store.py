@@ -41,14 +41,8 @@ from episodic.store.attempts import (
     CompactionStatus,
 )
 from episodic.store.backend import Backend, Closer, WriteOutcome
-from episodic.store.batch import PreparedBatch, encode_json, prepare_batch
-from episodic.store.boundaries import (
-    BoundaryRequest,
-    BoundaryWrite,
-    HeadState,
-    plan_boundary,
-    validate_request,
-)
+from episodic.store.batch import MAX_SEQ, PreparedBatch, check_text, encode_json, prepare_batch
+from episodic.store.boundaries import BoundaryWrite, HeadState, boundary_request, plan_boundary
 from episodic.store.codec import utc
 from episodic.store.due import check_overrides, pressure_from
 from episodic.store.engine import parse_database_url
@@ -59,9 +53,12 @@ from episodic.store.sqlite import SqliteBackend
 from episodic.tokens import TokenEstimator, estimator_from_name
 
 DEFAULT_TENANT = "default"
-MAX_SEQ = 2**63 - 1
 MAX_READ_LIMIT = 10_000
 MAX_TENANT_ID_LENGTH = 256
+#: The longest worker name (``owner``) and claim reason the queue records.
+MAX_CLAIM_TEXT_LENGTH = 512
+#: The longest lease: a crashed worker's claim holds its conversation this long at most.
+MAX_LEASE_SECONDS = 7 * 86_400
 
 
 class EpisodicStore:
@@ -229,8 +226,7 @@ class EpisodicStore:
         """Conversations, newest first, at most ``limit``: the scoped tenant's (see
         :meth:`for_tenant`), else every one the connection may see. For the next page, pass
         the last one's id as ``before``."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_READ_LIMIT:
-            raise ValidationError(f"limit must be between 1 and {MAX_READ_LIMIT}", field="limit")
+        _check_limit(limit)
         cursor = parse_conversation_id(before) if before is not None else None
         return await retry_transient(
             lambda: self._backend.list_conversations(limit, cursor), safe=True
@@ -304,8 +300,7 @@ class EpisodicStore:
         exports; the request path uses ``load_context``)."""
         cid = parse_conversation_id(conversation_id)
         _check_seq(after_seq, "after_seq")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_READ_LIMIT:
-            raise ValidationError(f"limit must be between 1 and {MAX_READ_LIMIT}", field="limit")
+        _check_limit(limit)
         found = await retry_transient(
             lambda: self._backend.read_events(cid, after_seq, limit), safe=True
         )
@@ -344,17 +339,17 @@ class EpisodicStore:
         after the cut, even while the summary was being written, stay in the context.
         ``attempt`` (the compaction worker's) is recorded in the same transaction.
         ``pressure`` is recorded on the boundary; by default, the head's at the time of writing.
+        The summary is held to ``max_message_bytes``, like a message; every argument is checked
+        before any SQL, and a wrong one is a :class:`ValidationError`.
         """
         cid = parse_conversation_id(conversation_id)
         if expected_boundary_seq is not None:
             _check_seq(expected_boundary_seq, "expected_boundary_seq")
-        if isinstance(retained, str):
-            raise ValidationError("retained must be a list of strings", field="retained")
-        request = BoundaryRequest(
+        request = boundary_request(
             summary=summary,
             covers_through_seq=covers_through_seq,
-            retained=tuple(retained),
-            reason=str(reason),
+            retained=retained,
+            reason=reason,
             retention=retention,
             expected_boundary_seq=expected_boundary_seq,
             lease_token=lease_token,
@@ -362,11 +357,9 @@ class EpisodicStore:
             model=model,
             prompt_version=prompt_version,
             tokens_before=tokens_before,
-            pressure=pressure.model_dump(mode="json") if pressure is not None else {},
+            pressure=pressure,
+            max_summary_bytes=self.max_message_bytes,
         )
-        validate_request(request)
-        encode_json(summary, what="summary")
-        encode_json(list(request.retained), what="retained")
 
         def plan(head: HeadState, tail: list[StoredEvent], now: datetime) -> BoundaryWrite:
             return plan_boundary(cid, request, head, tail, now=now, estimator=self.estimator)
@@ -433,9 +426,10 @@ class EpisodicStore:
     async def claim_due(self, owner: str, *, limit: int, lease_seconds: float) -> list[Claim]:
         """Lease up to ``limit`` conversations due for compaction and count the attempt, in
         one statement (``FOR UPDATE SKIP LOCKED`` on PostgreSQL): any number of workers can
-        share the queue, and a crashed worker's lease simply expires."""
-        if limit < 1 or lease_seconds <= 0:
-            raise ValidationError("claim_due needs limit >= 1 and a positive lease")
+        share the queue, and a crashed worker's lease simply expires. ``lease_seconds`` is
+        above 0 and at most :data:`MAX_LEASE_SECONDS` (a week); ``limit`` at most 10,000."""
+        _check_lease(owner, lease_seconds)
+        _check_limit(limit)
         return await self._backend.claim(owner, limit, lease_seconds)
 
     async def claim_conversation(
@@ -449,6 +443,8 @@ class EpisodicStore:
         """Lease one conversation now, due or not, for an operator-forced compaction. None
         when a worker holds its lease; :class:`NotFoundError` when it does not exist."""
         cid = parse_conversation_id(conversation_id)
+        _check_lease(owner, lease_seconds)
+        check_text(reason, field="reason", max_length=MAX_CLAIM_TEXT_LENGTH)
         claim = await self._backend.claim_conversation(cid, owner, lease_seconds, reason)
         if claim is None:
             await self.get_conversation(cid)  # raises NotFoundError for an unknown id
@@ -520,16 +516,27 @@ def _check_seq(value: Any, name: str) -> None:
         raise ValidationError(f"{name} must be an integer from 0 to 2**63-1", field=name)
 
 
+def _check_limit(limit: Any) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_READ_LIMIT:
+        raise ValidationError(f"limit must be between 1 and {MAX_READ_LIMIT}", field="limit")
+
+
 def _check_tenant(tenant_id: Any) -> None:
+    check_text(tenant_id, field="tenant_id", max_length=MAX_TENANT_ID_LENGTH)
+
+
+def _check_lease(owner: Any, lease_seconds: Any) -> None:
+    """What both ways of claiming take: the worker's name, and a lease that ends after it
+    is granted but within :data:`MAX_LEASE_SECONDS` (NaN and infinity fail the comparison)."""
+    check_text(owner, field="owner", max_length=MAX_CLAIM_TEXT_LENGTH)
     if (
-        not isinstance(tenant_id, str)
-        or not tenant_id
-        or len(tenant_id) > MAX_TENANT_ID_LENGTH
-        or "\x00" in tenant_id
+        isinstance(lease_seconds, bool)
+        or not isinstance(lease_seconds, int | float)
+        or not 0 < lease_seconds <= MAX_LEASE_SECONDS
     ):
         raise ValidationError(
-            f"tenant_id must be a non-empty string of at most {MAX_TENANT_ID_LENGTH} characters",
-            field="tenant_id",
+            f"lease_seconds must be a number of seconds above 0 and at most {MAX_LEASE_SECONDS:,}",
+            field="lease_seconds",
         )
 
 

@@ -27,8 +27,10 @@ TRANSIENT_SQLSTATES = {"40001", "40P01", "53300", "57014"}
 LOCK_NOT_AVAILABLE = "55P03"
 NOT_MIGRATED_SQLSTATES = {"42P01", "42883"}  # undefined table, undefined function
 PRIVILEGE_SQLSTATE = "42501"
-#: character not in repertoire, untranslatable character: input the database cannot store
-UNSTORABLE_SQLSTATES = {"22021", "22P05"}
+#: character not in repertoire, untranslatable character, numeric value out of range,
+#: datetime field overflow: input the database cannot store or compute with. The store checks
+#: its input first; these catch what slips past, such as a sum of bounded counts overflowing.
+UNSTORABLE_SQLSTATES = {"22021", "22P05", "22003", "22008"}
 
 _NOT_MIGRATED = "the episodic schema is missing or out of date: run `episodic migrate`"
 

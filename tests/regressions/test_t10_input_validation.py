@@ -2,9 +2,9 @@
 the T10 fuzz (``tests/reliability/test_t10_fuzz.py``), shrunk to one call each.
 
 Each test asserts the documented behaviour ("every refusal is a typed exception from
-``episodic.errors`` and leaves the store exactly as it was") and is a strict xfail while the
-bug stands: when the library is fixed the test passes, the xfail turns into a failure, and the
-marker (and the matching ``KNOWN_BUGS`` entry in the fuzz module) must be removed.
+``episodic.errors`` and leaves the store exactly as it was"). They were strict xfails while
+the bugs (BUG-1 to BUG-6 of the fuzz report) stood; the library is fixed and they stay as
+plain regression tests, with the fuzz module's ``KNOWN_BUGS`` emptied.
 
 Run: ``EPISODIC_TEST_DATABASE_URL=postgresql+asyncpg://postgres@127.0.0.1:5432/postgres
 .venv/bin/pytest tests/regressions -q``.
@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+from uuid import uuid4
 
+import pydantic
 import pytest
 
 from episodic import EpisodicStore, Message, ToolCall, Usage
 from episodic.errors import ValidationError
+from episodic.models import MAX_TOKEN_COUNT, messages_from_openai
 from tests.conftest import isolated_settings
 from tests.support import snapshot
 
@@ -49,11 +52,6 @@ def unvalidated(**fields: Any) -> Message:
 # ---- BUG-1: append trusts any Message instance, even one built without validation --------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG-1: append stores a Message built with model_construct (role 'wizard'); every "
-    "later load_context/read_events of the conversation raises pydantic's ValidationError",
-)
 async def test_append_refuses_a_message_with_an_unknown_role(
     opened: tuple[EpisodicStore, str],
 ) -> None:
@@ -63,11 +61,6 @@ async def test_append_refuses_a_message_with_an_unknown_role(
     await store.load_context(conv)  # the conversation must stay readable
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG-1: a user message carrying tool_calls (model_construct) is committed and then "
-    "append raises pydantic's ValidationError: an error after a write, and a poisoned log",
-)
 async def test_append_refuses_an_invalid_shape_and_writes_nothing(
     opened: tuple[EpisodicStore, str],
 ) -> None:
@@ -78,43 +71,58 @@ async def test_append_refuses_an_invalid_shape_and_writes_nothing(
     await store.read_events(conv)
 
 
+async def test_append_refuses_a_tool_result_without_its_call_id(
+    opened: tuple[EpisodicStore, str],
+) -> None:
+    store, url = opened
+    conv = await store.create_conversation()
+    bad = unvalidated(role="tool", content="r")  # was a bare assert in prepare_batch
+    await refused_and_unchanged(url, lambda: store.append(conv, [bad]))
+
+
+async def test_append_keeps_a_valid_message_built_without_validation(
+    opened: tuple[EpisodicStore, str],
+) -> None:
+    store, _ = opened
+    conv = await store.create_conversation()
+    [event] = await store.append(conv, [unvalidated(content=(), tool_calls=None)])
+    [back] = await store.read_events(conv)
+    assert back.message == event.message
+    assert back.message.content == ()  # empty content is kept, not dropped as a default
+
+
 # ---- BUG-2: provider usage is not bounded ------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG-2: Usage(input_tokens=2**63) reaches the driver (asyncpg DataError / "
-    "sqlite OverflowError) instead of a ValidationError",
-)
+def test_usage_counts_are_bounded() -> None:
+    assert Usage(input_tokens=MAX_TOKEN_COUNT).input_tokens == MAX_TOKEN_COUNT
+    with pytest.raises(pydantic.ValidationError):
+        Usage(input_tokens=MAX_TOKEN_COUNT + 1)
+
+
+# Usage itself refuses these counts now; model_construct gets them past it, as buggy caller
+# code can, and append must still refuse them before any SQL.
+
+
 async def test_append_refuses_usage_beyond_bigint(opened: tuple[EpisodicStore, str]) -> None:
     store, url = opened
     conv = await store.create_conversation()
-    usage = Usage(input_tokens=2**63)
+    usage = Usage.model_construct(input_tokens=2**63)
     await refused_and_unchanged(url, lambda: store.append(conv, [Message.user("x")], usage=usage))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG-2: Usage(input_tokens=2**63-1) overflows the head's bigint arithmetic "
-    "(asyncpg NumericValueOutOfRangeError, SQLSTATE 22003, untranslated)",
-)
 async def test_append_refuses_usage_that_overflows_the_head(
     opened: tuple[EpisodicStore, str],
 ) -> None:
     store, url = opened
     conv = await store.create_conversation()
-    usage = Usage(input_tokens=2**63 - 1)
+    usage = Usage.model_construct(input_tokens=2**63 - 1)
     await refused_and_unchanged(url, lambda: store.append(conv, [Message.user("x")], usage=usage))
 
 
 # ---- BUG-3: the queue's entry points do not validate their arguments ---------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG-3: claim_conversation accepts lease_seconds=0 (and negative): a lease that "
-    "has expired when granted; claim_due refuses the same value",
-)
 async def test_claim_conversation_refuses_a_non_positive_lease(
     opened: tuple[EpisodicStore, str],
 ) -> None:
@@ -124,11 +132,6 @@ async def test_claim_conversation_refuses_a_non_positive_lease(
 
 
 @pytest.mark.parametrize("lease", [float("nan"), float("inf")])
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG-3: claim_conversation(lease_seconds=nan/inf) reaches the database "
-    "(DatetimeFieldOverflowError on PostgreSQL, OverflowError/ValueError on SQLite)",
-)
 async def test_claim_conversation_refuses_a_non_finite_lease(
     opened: tuple[EpisodicStore, str], lease: float
 ) -> None:
@@ -146,13 +149,10 @@ async def test_claim_conversation_refuses_a_non_finite_lease(
         {"limit": 1, "lease_seconds": None},
         {"limit": 2**63, "lease_seconds": 1.0},
         {"limit": 1, "lease_seconds": float("nan")},
+        {"limit": 1, "lease_seconds": 2**64},
+        {"limit": True, "lease_seconds": 1.0},
     ],
-    ids=["limit-none", "lease-none", "limit-2**63", "lease-nan"],
-)
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG-3: claim_due checks only `limit < 1 or lease_seconds <= 0`: None raises "
-    "TypeError, 2**63 and nan reach the driver",
+    ids=["limit-none", "lease-none", "limit-2**63", "lease-nan", "lease-2**64", "limit-bool"],
 )
 async def test_claim_due_refuses_bad_arguments(
     opened: tuple[EpisodicStore, str], kwargs: dict[str, Any]
@@ -163,13 +163,24 @@ async def test_claim_due_refuses_bad_arguments(
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"owner": {}}, {"owner": "w\ud800"}, {"reason": b"r"}, {"reason": "r\udfff"}],
-    ids=["owner-dict", "owner-surrogate", "reason-bytes", "reason-surrogate"],
-)
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG-3: claim_conversation passes owner and reason to the database unchecked: "
-    "asyncpg DataError on PostgreSQL; SQLite stores them",
+    [
+        {"owner": {}},
+        {"owner": "w\ud800"},
+        {"owner": "w\x00"},
+        {"owner": ""},
+        {"reason": b"r"},
+        {"reason": "r\udfff"},
+        {"reason": "r" * 513},
+    ],
+    ids=[
+        "owner-dict",
+        "owner-surrogate",
+        "owner-nul",
+        "owner-empty",
+        "reason-bytes",
+        "reason-surrogate",
+        "reason-long",
+    ],
 )
 async def test_claim_conversation_refuses_a_bad_owner_or_reason(
     opened: tuple[EpisodicStore, str], kwargs: dict[str, Any]
@@ -188,11 +199,6 @@ async def test_claim_conversation_refuses_a_bad_owner_or_reason(
 # ---- BUG-4: lone surrogates in values stored as database text ----------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG-4: a tenant_id with a lone surrogate reaches the driver (asyncpg DataError / "
-    "UnicodeEncodeError on SQLite); _check_tenant checks NUL but not UTF-8 encodability",
-)
 async def test_create_conversation_refuses_a_surrogate_tenant(
     opened: tuple[EpisodicStore, str],
 ) -> None:
@@ -200,11 +206,6 @@ async def test_create_conversation_refuses_a_surrogate_tenant(
     await refused_and_unchanged(url, lambda: store.create_conversation(tenant_id="t\ud800"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG-4: an idempotency key with a lone surrogate reaches the driver (asyncpg "
-    "DataError / UnicodeEncodeError on SQLite); prepare_batch checks NUL and length only",
-)
 async def test_append_refuses_a_surrogate_idempotency_key(
     opened: tuple[EpisodicStore, str],
 ) -> None:
@@ -215,12 +216,6 @@ async def test_append_refuses_a_surrogate_idempotency_key(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG-4: a lone surrogate in a metadata key is silently replaced by U+FFFD when "
-    "the message is dumped to JSON (pydantic), so the stored key differs from the one sent; "
-    "the same character in a value is refused",
-)
 async def test_append_refuses_or_keeps_a_surrogate_metadata_key(
     opened: tuple[EpisodicStore, str],
 ) -> None:
@@ -229,6 +224,15 @@ async def test_append_refuses_or_keeps_a_surrogate_metadata_key(
     await refused_and_unchanged(
         url, lambda: store.append(conv, [Message.user("x", metadata={"k\ud800": 1})])
     )
+
+
+async def test_append_refuses_a_surrogate_key_nested_in_metadata(
+    opened: tuple[EpisodicStore, str],
+) -> None:
+    store, url = opened
+    conv = await store.create_conversation()
+    message = Message.user("x", metadata={"outer": [{"k\udfff": 1}]})
+    await refused_and_unchanged(url, lambda: store.append(conv, [message]))
 
 
 # ---- BUG-5: write_boundary leaves arguments unchecked ------------------------------------
@@ -245,6 +249,14 @@ async def test_append_refuses_or_keeps_a_surrogate_metadata_key(
         {"retained": 3.5},
         {"tokens_before": -1},
         {"tokens_before": "many"},
+        {"tokens_before": MAX_TOKEN_COUNT + 1},
+        {"usage": Usage.model_construct(input_tokens=2**63)},
+        {"reason": 5},
+        {"reason": ""},
+        {"model": "m\x00"},
+        {"prompt_version": "v\ud800"},
+        {"lease_token": "not-a-uuid"},
+        {"lease_token": str(uuid4())},
     ],
     ids=[
         "covers-2**64",
@@ -255,14 +267,15 @@ async def test_append_refuses_or_keeps_a_surrogate_metadata_key(
         "retained-float",
         "tokens_before-negative",
         "tokens_before-str",
+        "tokens_before-huge",
+        "usage-unvalidated",
+        "reason-int",
+        "reason-empty",
+        "model-nul",
+        "prompt_version-surrogate",
+        "lease_token-str",
+        "lease_token-uuid-text",
     ],
-)
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG-5: write_boundary validates summary/covers>=1/retained items/reason/retention "
-    "only: covers over 2**63-1 reaches the driver, wrong types for model, prompt_version, "
-    "usage, pressure, retained and tokens_before raise pydantic ValidationError, "
-    "AttributeError or TypeError, and a negative tokens_before is stored",
 )
 async def test_write_boundary_refuses_bad_arguments(
     opened: tuple[EpisodicStore, str], bad: dict[str, Any]
@@ -278,6 +291,25 @@ async def test_write_boundary_refuses_bad_arguments(
         **bad,
     }
     await refused_and_unchanged(url, lambda: store.write_boundary(conv, **kwargs))
+
+
+async def test_write_boundary_refuses_a_summary_over_the_message_limit(
+    opened: tuple[EpisodicStore, str],
+) -> None:
+    store, url = opened
+    conv = await store.create_conversation()
+    await store.append(conv, [Message.user("a"), Message.user("b")])
+    summary = "s" * (store.max_message_bytes + 1)
+    await refused_and_unchanged(
+        url,
+        lambda: store.write_boundary(
+            conv,
+            summary=summary,
+            covers_through_seq=1,
+            reason="manual_recovery",
+            expected_boundary_seq=None,
+        ),
+    )
 
 
 # ---- BUG-6: Message.from_openai lets untyped errors out ----------------------------------
@@ -296,16 +328,20 @@ def _deep_raw_block() -> dict[str, Any]:
         lambda: None,
         lambda: "user",
         lambda: {"role": "assistant", "content": None, "tool_calls": 1.5},
+        lambda: {"role": "assistant", "content": None, "tool_calls": "abc"},
         _deep_raw_block,
+        lambda: {"role": "user", "content": "x", "extra": _deep_raw_block()},
     ],
-    ids=["none", "str", "tool_calls-float", "deep-raw-block"],
-)
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG-6: Message.from_openai raises TypeError/ValueError for a non-mapping or a "
-    "non-list tool_calls, and pydantic's ValidationError for a raw block nested past "
-    "pydantic's depth limit (blocks are built outside the try that converts ValueError)",
+    ids=["none", "str", "tool_calls-float", "tool_calls-str", "deep-raw-block", "deep-native"],
 )
 def test_from_openai_refuses_with_validation_error(make: Callable[[], Any]) -> None:
     with pytest.raises(ValidationError):
         Message.from_openai(make())
+
+
+@pytest.mark.parametrize(
+    "items", [None, "user", [None], [{"role": "tool", "tool_call_id": [], "content": "x"}]]
+)
+def test_messages_from_openai_refuses_with_validation_error(items: Any) -> None:
+    with pytest.raises(ValidationError):
+        messages_from_openai(items)

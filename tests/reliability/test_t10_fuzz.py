@@ -56,7 +56,7 @@ from episodic.errors import (
     UnsafeCutError,
     ValidationError,
 )
-from episodic.models import ImageBlock, RawBlock, TextBlock
+from episodic.models import MAX_TOKEN_COUNT, ImageBlock, RawBlock, TextBlock
 from episodic.settings import EpisodicSettings
 from episodic.store.engine import parse_database_url, sqlalchemy_url
 from tests.conftest import isolated_settings
@@ -84,33 +84,8 @@ NEW_ID = object()  # a conversation_id placeholder: a new random UUID
 #: Known library bugs: (entry point, probe label) -> the regression test that reproduces it.
 #: A failure of one of these probes is counted and reported but does not fail the fuzz run;
 #: its strict-xfail regression test fails as soon as the bug is fixed, and then the entry
-#: here must go.
-KNOWN_BUGS: dict[tuple[str, str], str] = {
-    ("append", "unknown_role"): "BUG-1",
-    ("append", "unvalidated_"): "BUG-1",
-    ("append", "usage_63_bits"): "BUG-2",
-    ("append", "usage_64_bits"): "BUG-2",
-    ("append", "usage_65_bits"): "BUG-2",
-    ("append", "usage_100_bits"): "BUG-2",
-    ("claim_conversation", "lease_seconds"): "BUG-3",
-    ("claim_conversation", "owner"): "BUG-3",
-    ("claim_conversation", "reason"): "BUG-3",
-    ("claim_due", "lease_seconds"): "BUG-3",
-    ("claim_due", "limit"): "BUG-3",
-    ("claim_due", "owner"): "BUG-3",
-    ("create_conversation", "tenant_surrogate"): "BUG-4",
-    ("append", "key_surrogate"): "BUG-4",
-    ("append", "metadata_key_surrogate"): "BUG-4",
-    ("write_boundary", "covers_overflow"): "BUG-5",
-    ("write_boundary", "model_not_str"): "BUG-5",
-    ("write_boundary", "usage_wrong_type"): "BUG-5",
-    ("write_boundary", "pressure_wrong_type"): "BUG-5",
-    ("write_boundary", "retained_bad"): "BUG-5",
-    ("write_boundary", "tokens_before_bad"): "BUG-5",
-    ("from_openai", "not_a_dict"): "BUG-6",
-    ("from_openai", "tool_calls_bad"): "BUG-6",
-    ("from_openai", "deep_content_"): "BUG-6",
-}
+#: here must go. None now: BUG-1 to BUG-6 are fixed, their tests plain regression tests.
+KNOWN_BUGS: dict[tuple[str, str], str] = {}
 #: the regression module with one strict-xfail reproduction per bug
 REGRESSIONS = "tests/regressions/test_t10_input_validation.py"
 
@@ -589,10 +564,11 @@ def append_probes(draw: st.DrawFn, conv: UUID) -> Probe:
         return probe(
             "append",
             f"usage_{value[1].bit_length()}_bits",
-            "reject" if value[1] >= 2**63 else "accept" if value[1] < 2**62 else "either",
+            "reject" if value[1] > MAX_TOKEN_COUNT else "accept",
             conversation_id=conv,
             messages=good,
-            usage=Usage(input_tokens=value[1], output_tokens=value[1]),
+            # past Usage's own bound (MAX_TOKEN_COUNT), as model_construct can
+            usage=Usage.model_construct(input_tokens=value[1], output_tokens=value[1]),
         )
     return probe(
         "append", "usage_wrong_type", "reject", conversation_id=conv, messages=good, usage=value
@@ -839,10 +815,6 @@ def boundary_probes(draw: st.DrawFn, conv: UUID) -> Probe:
                 "reject",
             )
         )
-        if not isinstance(value, str):
-            # write_boundary documents reason as text and converts what it is given with
-            # str(); counted and reported, not refused
-            label, expect = "reason_not_str", "either"
     elif part == "expected":
         value = draw(
             st.one_of(overflowing_ints, wrong_types.filter(lambda v: v is not None), st.just(True))
