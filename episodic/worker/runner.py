@@ -133,9 +133,15 @@ class CompactionWorker:
         return claims
 
     async def _attempt(self, claim: Claim) -> JobResult:
-        result = await compact_claimed(
-            self.store, self.summarizer, claim, worker=self.worker_id, options=self.options
-        )
+        try:
+            result = await compact_claimed(
+                self.store, self.summarizer, claim, worker=self.worker_id, options=self.options
+            )
+        except Exception as exc:
+            # The attempt could not even be recorded (the database went away while it ended):
+            # the lease expires and a worker tries again; nothing was written half-way.
+            logger.exception("could not finish %s; its lease will expire", claim.conversation_id)
+            result = JobResult("failed", error=f"{type(exc).__name__}: {exc}")
         logger.info(
             "conversation %s: %s (attempt %d, %.2f s)%s",
             claim.conversation_id,
