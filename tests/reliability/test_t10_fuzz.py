@@ -73,7 +73,7 @@ from tests.reliability.strategies import (
     wrong_types,
 )
 
-EXAMPLES = size(300, 20_000)
+EXAMPLES = size(2_000, 20_000)
 SQLITE_EXAMPLES = size(60, 5_000)
 BIG = "x" * TEN_MB
 DRIVER_MODULES = ("asyncpg", "sqlalchemy", "sqlite3", "aiosqlite", "psycopg", "psycopg2")
@@ -1076,8 +1076,13 @@ def _examples(h: Harness) -> int:
     return EXAMPLES if h.store.dialect == "postgresql" else SQLITE_EXAMPLES
 
 
-def _fuzz(h: Harness, strategy: st.SearchStrategy[Probe], *, database: bool = True) -> None:
-    @battery_settings(_examples(h))
+def _fuzz(
+    h: Harness, strategy: st.SearchStrategy[Probe], *, database: bool = True, entry_points: int = 1
+) -> None:
+    """``entry_points``: how many public entry points the strategy spreads its probes over,
+    so that each gets about the battery's count."""
+
+    @battery_settings(_examples(h) * entry_points)
     @given(p=strategy)
     def run(p: Probe) -> None:
         h.check(p, _call(h, p), database=database)
@@ -1094,7 +1099,8 @@ def test_fuzz_append(harness: Harness) -> None:
 
 
 def test_fuzz_reads_and_run_completion(harness: Harness) -> None:
-    _fuzz(harness, read_probes(harness.conv))
+    # get_conversation, load_context, read_events, mark_run_completed, pressure
+    _fuzz(harness, read_probes(harness.conv), entry_points=5)
 
 
 def test_fuzz_write_boundary(harness: Harness) -> None:
@@ -1102,7 +1108,7 @@ def test_fuzz_write_boundary(harness: Harness) -> None:
 
 
 def test_fuzz_queue(harness: Harness) -> None:
-    _fuzz(harness, queue_probes(harness.conv))
+    _fuzz(harness, queue_probes(harness.conv), entry_points=2)  # claim_due, claim_conversation
 
 
 def test_fuzz_from_openai(harness: Harness) -> None:
@@ -1110,7 +1116,8 @@ def test_fuzz_from_openai(harness: Harness) -> None:
 
 
 def test_fuzz_configuration(harness: Harness) -> None:
-    _fuzz(harness, config_probes(), database=False)
+    # EpisodicSettings, parse_database_url
+    _fuzz(harness, config_probes(), database=False, entry_points=2)
 
 
 def _p99(values: list[float]) -> float:
