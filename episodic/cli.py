@@ -18,7 +18,7 @@ from rich.text import Text
 from episodic.demo import run_demo
 from episodic.errors import EpisodicError
 from episodic.models import BoundaryEvent, Message, MessageEvent, RunCompletedEvent, StoredEvent
-from episodic.settings import EpisodicSettings
+from episodic.settings import EpisodicSettings, load_settings
 from episodic.store import EpisodicStore
 from episodic.worker import WorkerMetrics, compact_claimed
 from episodic.worker.setup import worker_from_settings
@@ -52,6 +52,14 @@ TenantOption = Annotated[
 ]
 
 
+def _settings() -> EpisodicSettings:
+    try:
+        return load_settings()
+    except EpisodicError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(1) from exc
+
+
 def _scoped(store: EpisodicStore, tenant: str | None) -> EpisodicStore:
     return store.for_tenant(tenant) if tenant is not None else store
 
@@ -62,7 +70,7 @@ def _run(
     settings: EpisodicSettings | None = None,
 ) -> T:
     async def main() -> T:
-        config = settings or EpisodicSettings()
+        config = settings or load_settings()
         store = await EpisodicStore.open(database_url or config.database_url, settings=config)
         try:
             return await work(store)
@@ -161,7 +169,7 @@ def worker(
     """Run the compaction worker: claim due conversations, summarize, write boundaries. Stops
     gracefully on SIGTERM/SIGINT. Run as many as you like, on as many machines."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    settings = EpisodicSettings()
+    settings = _settings()
     if concurrency is not None:
         settings = settings.model_copy(update={"worker_concurrency": concurrency})
     metrics = WorkerMetrics()
@@ -221,7 +229,7 @@ def compact(
 ) -> None:
     """Compact one conversation now, due or not (a boundary with reason manual_recovery),
     with the summarizer the settings name."""
-    settings = EpisodicSettings()
+    settings = _settings()
 
     async def work(store: EpisodicStore) -> None:
         store = _scoped(store, tenant)
@@ -261,7 +269,7 @@ def demo(
     """Play a long agent session into a SQLite file, let the worker compact it, and show the
     raw log beside the context the next request would load. No server, no API key."""
     try:
-        asyncio.run(run_demo(directory, console=console, settings=EpisodicSettings()))
+        asyncio.run(run_demo(directory, console=console, settings=_settings()))
     except EpisodicError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from exc

@@ -30,7 +30,7 @@ from episodic.context import Context
 from episodic.demo_session import scripted_session
 from episodic.errors import ConflictError, EpisodicError
 from episodic.models import BoundaryEvent, Message, MessageEvent, StoredEvent, ToolCall, Usage
-from episodic.settings import EpisodicSettings
+from episodic.settings import EpisodicSettings, load_settings
 from episodic.store import EpisodicStore
 from episodic.summarizers import OpenAIChatSummarizer
 from episodic.worker import CompactionWorker
@@ -118,7 +118,7 @@ async def run_demo(
     settings are not used: the demo has its own file and trigger.
     """
     started = time.perf_counter()
-    settings = _demo_settings(settings or EpisodicSettings())
+    settings = _demo_settings(settings or load_settings())
     summarizer = summarizer_from_settings(settings)
     temporary = directory is None
     folder = Path(tempfile.mkdtemp(prefix="episodic-demo-")) if directory is None else directory

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field, SecretStr
+from pydantic import ValidationError as PydanticValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from episodic.compaction import CompactionConfig
+from episodic.errors import ConfigurationError
 from episodic.policy import EpisodicCompactionConfig
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///episodic.db"
@@ -124,4 +126,17 @@ class EpisodicSettings(BaseSettings):
         )
 
 
-__all__ = ["DEFAULT_DATABASE_URL", "DEFAULT_MAX_MESSAGE_BYTES", "EpisodicSettings"]
+def load_settings() -> EpisodicSettings:
+    """The settings from the environment (and ``.env``); a bad value is a
+    :class:`ConfigurationError` naming the variable, not a pydantic traceback."""
+    try:
+        return EpisodicSettings()
+    except PydanticValidationError as exc:
+        problems = "; ".join(
+            f"EPISODIC_{'_'.join(str(part) for part in error['loc']).upper()}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ConfigurationError(f"invalid configuration: {problems}") from exc
+
+
+__all__ = ["DEFAULT_DATABASE_URL", "DEFAULT_MAX_MESSAGE_BYTES", "EpisodicSettings", "load_settings"]

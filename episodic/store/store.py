@@ -32,7 +32,7 @@ from episodic.models import (
     Usage,
 )
 from episodic.policy import EpisodicCompactionConfig, EpisodicCompactionPressure
-from episodic.settings import EpisodicSettings
+from episodic.settings import EpisodicSettings, load_settings
 from episodic.store.attempts import (
     AttemptEnd,
     AttemptOutcome,
@@ -95,7 +95,7 @@ class EpisodicStore:
     ) -> EpisodicStore:
         """Connect to ``url`` (default: ``EPISODIC_DATABASE_URL``, else ``./episodic.db``).
         Does not create tables: call :meth:`migrate` (or run ``episodic migrate``)."""
-        settings = settings or EpisodicSettings()
+        settings = settings or load_settings()
         parsed = parse_database_url(url or settings.database_url)
         backend: Backend
         if parsed.dialect == "postgresql":

@@ -71,6 +71,15 @@ def test_console_script_is_installed() -> None:
     assert EPISODIC.is_file(), f"{EPISODIC} is missing: is the package installed in the venv?"
 
 
+def test_a_bad_setting_is_named_not_a_traceback(tmp_path: Path) -> None:
+    env = {**clean_env(), "EPISODIC_POOL_MAX_SIZE": "zero"}
+    for command in (["status"], ["worker", "--once"]):
+        result = run_cli(*command, cwd=tmp_path, env=env)
+        assert result.code == 1, result.output
+        assert "EPISODIC_POOL_MAX_SIZE" in result.stdout
+        assert "Traceback" not in result.output
+
+
 def test_help_lists_the_commands(tmp_path: Path) -> None:
     result = run_cli("--help", cwd=tmp_path)
     assert result.code == 0, result.output
