@@ -23,6 +23,9 @@ OWNER = "episodic_test_owner"
 APP = "episodic_test_app"
 WORKER = "episodic_test_worker"
 LOGINS = {OWNER: None, APP: "episodic_app", WORKER: "episodic_worker"}
+#: Ignored under trust authentication (this machine); needed where the server asks for one
+#: (a testcontainers PostgreSQL).
+PASSWORD = "episodic-test"
 
 
 @dataclass(frozen=True)
@@ -35,9 +38,17 @@ class RlsDatabase:
     def url(self, role: str) -> str:
         return (
             make_url(self.server)
-            .set(database=self.name, username=role, password=None)
+            .set(
+                database=self.name,
+                username=role,
+                password=PASSWORD,
+            )
             .render_as_string(hide_password=False)
         )
+
+    def admin_dsn(self) -> str:
+        """As the server's own (super)user, whom row-level security does not restrict."""
+        return _dsn(make_url(self.server).set(database=self.name).render_as_string(False))
 
     def dsn(self, role: str) -> str:
         return (
@@ -56,9 +67,11 @@ async def _ensure_roles(admin: asyncpg.Connection) -> None:
         grant = f" IN ROLE {group}" if group else ""
         await admin.execute(
             f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{login}') THEN "
-            f"CREATE ROLE {login} LOGIN NOSUPERUSER NOBYPASSRLS{grant}; END IF; "
+            f"CREATE ROLE {login} LOGIN PASSWORD '{PASSWORD}' NOSUPERUSER NOBYPASSRLS{grant}; "
+            "END IF; "
             "EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$"
         )
+        await admin.execute(f"ALTER ROLE {login} PASSWORD '{PASSWORD}'")
 
 
 @asynccontextmanager

@@ -92,7 +92,7 @@ async def _seed(app: EpisodicStore) -> dict[str, list[UUID]]:
 
 async def _counts(database: RlsDatabase) -> dict[str, tuple[int, str]]:
     """Rows and an md5 of every tenant table, read by a superuser (RLS does not apply)."""
-    connection = await asyncpg.connect(database.dsn("postgres"))
+    connection = await asyncpg.connect(database.admin_dsn())
     try:
         out = {}
         for table in TENANT_TABLES:
@@ -328,7 +328,7 @@ async def test_t11_a_pooled_connection_alternating_tenants_never_crosses(
 
 
 async def test_t11_catalog_audit(rls: RlsDatabase) -> None:
-    connection = await asyncpg.connect(rls.dsn("postgres"))
+    connection = await asyncpg.connect(rls.admin_dsn())
     try:
         runtime = [*RUNTIME_GROUPS, APP, WORKER]
         roles = await connection.fetch(
@@ -426,7 +426,7 @@ async def test_t12_updates_deletes_and_truncates_are_refused_for_every_role(
                 refused += 1
     assert refused == 18
     assert await _counts(rls) == before, "a refused statement changed a table"
-    connection = await asyncpg.connect(rls.dsn("postgres"))
+    connection = await asyncpg.connect(rls.admin_dsn())
     try:
         rules = await connection.fetchval(
             "SELECT count(*) FROM pg_rules WHERE tablename = ANY($1)", list(APPEND_ONLY)
