@@ -94,12 +94,17 @@ async def compact_claimed(
             return await _end(
                 store, claim, record, "nothing_to_compact", AttemptEnd(clear_due=True)
             )
-        source = compose_context(
-            claim.conversation_id,
-            boundary=context.boundary,
-            tail=[event for event in tail if event.seq <= cut],
-            last_seq=cut,
-            estimator=store.estimator,
+        # Usually the whole tail is safe to cut: then what to summarize is the context itself.
+        source = (
+            context
+            if cut == context.last_seq
+            else compose_context(
+                claim.conversation_id,
+                boundary=context.boundary,
+                tail=[event for event in tail if event.seq <= cut],
+                last_seq=cut,
+                estimator=store.estimator,
+            )
         )
         # The trigger already decided this conversation is due: summarize whatever its size.
         prepared = prepare_compaction(
