@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 
 from episodic import EpisodicStore
 from episodic.settings import EpisodicSettings
+from tests.support import asyncpg_dsn
 
 SERVER_URL_VARIABLE = "EPISODIC_TEST_DATABASE_URL"
 _SERVER_URL = os.environ.get(SERVER_URL_VARIABLE)
@@ -35,10 +36,6 @@ def isolated_settings() -> EpisodicSettings:
 
 def _with_database(url: str, name: str) -> str:
     return make_url(url).set(database=name).render_as_string(hide_password=False)
-
-
-def _asyncpg_dsn(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def _start_container() -> tuple[str, object]:
@@ -72,7 +69,7 @@ def postgres_server() -> Iterator[str]:
 
 
 async def _admin(server: str, sql: str) -> None:
-    connection = await asyncpg.connect(_asyncpg_dsn(server))
+    connection = await asyncpg.connect(asyncpg_dsn(server))
     try:
         await connection.execute(sql)
     finally:

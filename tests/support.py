@@ -22,6 +22,7 @@ from episodic.store.schema import metadata
 
 __all__ = [
     "RoundTripCounter",
+    "asyncpg_dsn",
     "counters_of",
     "execute_raw",
     "snapshot",
@@ -29,6 +30,11 @@ __all__ = [
 ]
 
 TABLES = ("episodic_conversations", "episodic_events", "episodic_compaction_attempts")
+
+
+def asyncpg_dsn(url: str) -> str:
+    """``postgresql+asyncpg://...`` as a DSN asyncpg accepts."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 async def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:

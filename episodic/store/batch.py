@@ -3,8 +3,7 @@
 Everything that can be decided from the batch alone is decided here, once: shape checks,
 in-batch tool pairing, JSON encoding, size limits, token estimates, and the tool-call deltas the
 head applies. What needs the conversation's state (open calls, last seq, idempotency) is
-checked by the backend under the head's row lock. The checks of text and JSON the database
-can store live here too, shared by the store's other entry points.
+checked by the backend under the head's row lock.
 """
 
 from __future__ import annotations
@@ -25,11 +24,10 @@ from episodic.errors import (
 )
 from episodic.models import Message, Usage
 from episodic.rendering import context_token_estimate
+from episodic.store.checks import check_text, checked_usage
 from episodic.tokens import TokenEstimator
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 512
-#: The largest seq, and count, a column holds (PostgreSQL's bigint).
-MAX_SEQ = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,44 +64,6 @@ def encode_json(value: object, *, what: str) -> str:
         return orjson.dumps(value).decode()
     except (TypeError, orjson.JSONEncodeError) as exc:
         raise ValidationError(f"{what} cannot be stored as JSON: {exc}", field=what) from exc
-
-
-def check_text(value: object, *, field: str, max_length: int, min_length: int = 1) -> str:
-    """``value`` if a text column can hold it: a string of ``min_length`` to ``max_length``
-    characters, without NUL (PostgreSQL text cannot hold it) and encodable as UTF-8 (a lone
-    surrogate is not, and would reach the driver as an encoding error)."""
-    if not isinstance(value, str) or not min_length <= len(value) <= max_length:
-        least = "a non-empty string" if min_length else "a string"
-        raise ValidationError(
-            f"{field} must be {least} of at most {max_length} characters", field=field
-        )
-    if "\x00" in value:
-        raise ValidationError(f"{field} contains a NUL character", field=field)
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValidationError(
-            f"{field} is not valid Unicode: a lone surrogate at index {exc.start}", field=field
-        ) from exc
-    return value
-
-
-def check_int(value: object, *, field: str, low: int, high: int) -> int:
-    """``value`` if it is an integer (not a bool) from ``low`` to ``high``."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValidationError(f"{field} must be an integer from {low:,} to {high:,}", field=field)
-    return value
-
-
-def checked_usage(usage: object) -> Usage:
-    """``usage`` validated again: an instance built with ``model_construct`` skipped the
-    bounds that keep its counts storable (see :data:`~episodic.models.MAX_TOKEN_COUNT`)."""
-    if not isinstance(usage, Usage):
-        raise ValidationError("usage must be an episodic.Usage", field="usage")
-    try:
-        return Usage.model_validate(usage.model_dump(warnings=False), strict=True)
-    except ValueError as exc:  # pydantic's ValidationError
-        raise ValidationError(f"usage is not a valid Usage: {exc}", field="usage") from exc
 
 
 def prepare_batch(
@@ -249,12 +209,4 @@ def _request_hash(payloads: list[str]) -> str:
     return digest.hexdigest()
 
 
-__all__ = [
-    "MAX_SEQ",
-    "PreparedBatch",
-    "check_int",
-    "check_text",
-    "checked_usage",
-    "encode_json",
-    "prepare_batch",
-]
+__all__ = ["PreparedBatch", "encode_json", "prepare_batch"]

@@ -27,7 +27,8 @@ from episodic.models import (
 )
 from episodic.policy import EpisodicCompactionPressure
 from episodic.rendering import context_token_estimate
-from episodic.store.batch import MAX_SEQ, check_int, check_text, checked_usage, encode_json
+from episodic.store.batch import encode_json
+from episodic.store.checks import MAX_SEQ, check_int, check_text, checked_usage
 from episodic.store.due import pressure_from
 from episodic.store.projection import HeadCounters
 from episodic.tokens import TokenEstimator

@@ -41,8 +41,9 @@ from episodic.store.attempts import (
     CompactionStatus,
 )
 from episodic.store.backend import Backend, Closer, WriteOutcome
-from episodic.store.batch import MAX_SEQ, PreparedBatch, check_text, encode_json, prepare_batch
+from episodic.store.batch import PreparedBatch, encode_json, prepare_batch
 from episodic.store.boundaries import BoundaryWrite, HeadState, boundary_request, plan_boundary
+from episodic.store.checks import MAX_SEQ, check_text
 from episodic.store.codec import utc
 from episodic.store.due import check_overrides, pressure_from
 from episodic.store.engine import parse_database_url

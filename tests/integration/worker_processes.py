@@ -22,9 +22,9 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
-from sqlalchemy.engine import make_url
 
 from episodic import EpisodicStore, Message
+from tests.support import asyncpg_dsn
 from tests.support_openai import FakeOpenAIServer, Reply
 
 __all__ = [
@@ -42,11 +42,6 @@ __all__ = [
 
 EPISODIC = Path(sys.executable).parent / "episodic"
 STARTED = re.compile(r"worker (\S+) started")
-
-
-def asyncpg_dsn(url: str) -> str:
-    """``postgresql+asyncpg://...`` as a DSN asyncpg accepts."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def worker_environment(database_url: str, settings: Mapping[str, object]) -> dict[str, str]:

@@ -18,6 +18,7 @@ from sqlalchemy.engine import make_url
 
 from episodic import EpisodicStore
 from episodic.settings import EpisodicSettings
+from tests.support import asyncpg_dsn
 
 OWNER = "episodic_test_owner"
 APP = "episodic_test_app"
@@ -48,7 +49,7 @@ class RlsDatabase:
 
     def admin_dsn(self) -> str:
         """As the server's own (super)user, whom row-level security does not restrict."""
-        return _dsn(make_url(self.server).set(database=self.name).render_as_string(False))
+        return asyncpg_dsn(make_url(self.server).set(database=self.name).render_as_string(False))
 
     def dsn(self, role: str) -> str:
         return (
@@ -56,10 +57,6 @@ class RlsDatabase:
             .set(drivername="postgresql")
             .render_as_string(hide_password=False)
         )
-
-
-def _dsn(server: str) -> str:
-    return make_url(server).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 async def _ensure_roles(admin: asyncpg.Connection) -> None:
@@ -80,7 +77,7 @@ async def rls_database(server: str) -> AsyncIterator[RlsDatabase]:
     group roles must exist already (the session's template migration, run as a superuser,
     created them)."""
     name = f"episodic_rls_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(_dsn(server))
+    admin = await asyncpg.connect(asyncpg_dsn(server))
     try:
         await _ensure_roles(admin)
         await admin.execute(f'CREATE DATABASE "{name}" OWNER {OWNER}')
@@ -95,7 +92,7 @@ async def rls_database(server: str) -> AsyncIterator[RlsDatabase]:
             await store.close()
         yield database
     finally:
-        admin = await asyncpg.connect(_dsn(server))
+        admin = await asyncpg.connect(asyncpg_dsn(server))
         try:
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:

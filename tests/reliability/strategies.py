@@ -19,14 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from sqlalchemy.engine import make_url
 
 from episodic.compaction import CompactionRequest
 from episodic.models import MessageEvent, RunCompletedEvent, StoredEvent
 from episodic.summarizers import SummaryResult
+from tests.conftest import _admin, _with_database
 
 # ---- hypothesis settings ---------------------------------------------------------------
 
@@ -52,22 +51,6 @@ def battery_settings(max_examples: int, **extra: Any) -> settings:
 
 
 # ---- one private database per test ---------------------------------------------------
-
-
-def _with_database(url: str, name: str) -> str:
-    return make_url(url).set(database=name).render_as_string(hide_password=False)
-
-
-def _asyncpg_dsn(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-async def _admin(server: str, sql: str) -> None:
-    connection = await asyncpg.connect(_asyncpg_dsn(server))
-    try:
-        await connection.execute(sql)
-    finally:
-        await connection.close()
 
 
 @dataclass

@@ -53,7 +53,6 @@ from uuid import UUID
 
 import asyncpg
 import pytest
-from sqlalchemy.engine import make_url
 
 from episodic import (
     EpisodicSettings,
@@ -63,7 +62,7 @@ from episodic import (
     TransientDatabaseError,
 )
 from tests.reliability.sizes import size
-from tests.support import snapshot
+from tests.support import asyncpg_dsn, snapshot
 
 REPEATS = size(5, 50)
 LOCK_TIMEOUT_MS = 500
@@ -78,10 +77,6 @@ HOLD_HEAD = (
 )
 
 
-def _dsn(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 @dataclass
 class LockWaits:
     """What pg_stat_activity showed while the append waited."""
@@ -93,7 +88,7 @@ class LockWaits:
 
 async def _watch_lock_waits(url: str, exclude_pid: int, stop: asyncio.Event) -> LockWaits:
     seen = LockWaits()
-    monitor = await asyncpg.connect(_dsn(url))
+    monitor = await asyncpg.connect(asyncpg_dsn(url))
     try:
         while not stop.is_set():
             rows = await monitor.fetch(
@@ -137,7 +132,7 @@ async def test_t13_append_waiting_on_a_held_row_lock_times_out(
     await store.append(conv, [Message.user("before")])
     waited: list[float] = []
     lock_waits: list[int] = []
-    holder = await asyncpg.connect(_dsn(postgres_url))
+    holder = await asyncpg.connect(asyncpg_dsn(postgres_url))
     try:
         for repeat in range(REPEATS):
             message = Message.user(
@@ -292,7 +287,7 @@ async def _idle_store_session(
 async def _idle_raw_claim(url: str, monitor: asyncpg.Connection, conv: UUID) -> Termination:
     """A raw session claims ``conv``'s job inside its transaction and goes idle."""
     session = await asyncpg.connect(
-        _dsn(url),
+        asyncpg_dsn(url),
         server_settings={"idle_in_transaction_session_timeout": str(IDLE_TIMEOUT_MS)},
     )
     try:
@@ -333,8 +328,8 @@ async def test_t13_idle_in_transaction_session_is_terminated_and_job_reclaimed(
     reclaim_lags: list[float] = []
     refused_early = 0
     failures: set[str] = set()
-    monitor = await asyncpg.connect(_dsn(postgres_url))
-    monitor_raw = await asyncpg.connect(_dsn(postgres_url))
+    monitor = await asyncpg.connect(asyncpg_dsn(postgres_url))
+    monitor_raw = await asyncpg.connect(asyncpg_dsn(postgres_url))
     try:
         for repeat in range(REPEATS):
             conv = await store.create_conversation()

@@ -64,7 +64,7 @@ from episodic import (
 )
 from tests.reliability.fault_proxy import FaultProxy
 from tests.reliability.sizes import NIGHTLY, seeded, seeds, size
-from tests.support import store_through_proxy
+from tests.support import asyncpg_dsn, store_through_proxy
 
 APPENDS = size(300, 5_000)
 CONVERSATIONS = 3
@@ -77,13 +77,9 @@ OUTAGE_RATE = 0.02
 CALL_TIMEOUT = 30.0
 
 
-def _dsn(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 async def _rows(url: str) -> list[tuple[UUID, int, str, str | None, str | None]]:
     """Every message row, straight from the table (not through the store)."""
-    connection = await asyncpg.connect(_dsn(url))
+    connection = await asyncpg.connect(asyncpg_dsn(url))
     try:
         rows = await connection.fetch(
             "SELECT conversation_id, seq, payload, client_id, idempotency_key"
@@ -98,7 +94,7 @@ async def _rows(url: str) -> list[tuple[UUID, int, str, str | None, str | None]]
 
 
 async def _last_seqs(url: str) -> dict[UUID, int]:
-    connection = await asyncpg.connect(_dsn(url))
+    connection = await asyncpg.connect(asyncpg_dsn(url))
     try:
         rows = await connection.fetch(
             "SELECT conversation_id, last_seq FROM episodic_conversations"

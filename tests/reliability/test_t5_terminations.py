@@ -46,12 +46,12 @@ from uuid import UUID
 
 import asyncpg
 import pytest
-from sqlalchemy.engine import make_url
 
 from episodic import EpisodicStore, Message
 from tests.conftest import isolated_settings
 from tests.reliability.sizes import seeded, size
 from tests.reliability.writers import Children, check_log, recovery
+from tests.support import asyncpg_dsn
 
 pytestmark = pytest.mark.postgres_only
 
@@ -77,10 +77,6 @@ SELECT pid FROM pg_stat_activity
    AND backend_type = 'client backend'
  ORDER BY pid
 """
-
-
-def _dsn(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 async def chaos(dsn: str, seed: int, until: float) -> tuple[int, int]:
@@ -184,7 +180,7 @@ async def _run(postgres_url: str) -> Outcome:
         try:
             await children.wait_barrier()
             started = time.monotonic()
-            attempts, terminated = await chaos(_dsn(postgres_url), SEED, started + DURATION)
+            attempts, terminated = await chaos(asyncpg_dsn(postgres_url), SEED, started + DURATION)
             calm = time.monotonic()
             await asyncio.sleep(AFTER)
             ended = time.monotonic()
@@ -199,7 +195,7 @@ async def _run(postgres_url: str) -> Outcome:
         children.close()
 
     store = await EpisodicStore.open(postgres_url, settings=isolated_settings())
-    conn = await asyncpg.connect(_dsn(postgres_url))
+    conn = await asyncpg.connect(asyncpg_dsn(postgres_url))
     try:
         final = [await read_all(store, cid) for cid in conversations]
         attempt_rows = await conn.fetch(

@@ -22,8 +22,9 @@ from episodic.models import (
     ToolCall,
     Usage,
 )
-from episodic.store.batch import check_int, check_text, checked_usage, prepare_batch
+from episodic.store.batch import prepare_batch
 from episodic.store.boundaries import BoundaryRequest, boundary_request
+from episodic.store.checks import check_int, check_text, checked_usage
 from episodic.store.translate import translated_errors
 from episodic.tokens import estimator_from_name
 
