@@ -3,6 +3,11 @@
 Appends and run completions are one call to a PL/pgSQL function (created by the migrations),
 so each is one round trip with no explicit BEGIN/COMMIT; asyncpg prepares each statement once
 per connection and reuses it. SQLAlchemy is used only to run the migrations.
+
+A backend scoped to a tenant (``for_tenant``) calls the ``episodic_scoped_*`` forms, which set
+the tenant for row-level security inside the same statement, so scoping adds no round trip on
+the request path or in the worker; the operator's operations without such a form (claims by
+hand, listing, paging events) run in a transaction that sets the tenant first.
 """
 
 from __future__ import annotations
