@@ -7,7 +7,7 @@ per connection and reuses it. SQLAlchemy is used only to run the migrations.
 A backend scoped to a tenant (``for_tenant``) calls the ``episodic_scoped_*`` forms, which set
 the tenant for row-level security inside the same statement, so scoping adds no round trip on
 the request path or in the worker; the operator's operations without such a form (claims by
-hand, listing, paging events) run in a transaction that sets the tenant first.
+hand or by a scoped worker, listing, paging events) run in a transaction that sets the tenant first.
 """
 
 from __future__ import annotations

@@ -53,3 +53,25 @@ async def test_mark_run_completed_is_one_round_trip(
     completed = await store.mark_run_completed(conv)
     assert completed.abandoned_tool_call_ids == ("b",)
     assert counter.round_trips - before == 1
+
+
+async def test_a_tenant_scoped_store_keeps_the_request_path_at_one_round_trip(
+    counted: tuple[EpisodicStore, RoundTripCounter],
+) -> None:
+    """for_tenant() sets the tenant for row-level security inside each statement: no
+    SET, BEGIN or COMMIT of its own."""
+    store, counter = counted
+    acme = store.for_tenant("acme")
+    conv = await acme.create_conversation()
+    await acme.append(conv, [Message.user("warm up")])
+    await acme.load_context(conv)
+    await acme.mark_run_completed(conv)
+    for call in (
+        lambda: acme.append(conv, [Message.user("next")]),
+        lambda: acme.load_context(conv),
+        lambda: acme.mark_run_completed(conv),
+        lambda: acme.get_conversation(conv),
+    ):
+        before = counter.round_trips
+        await call()
+        assert counter.round_trips - before == 1
