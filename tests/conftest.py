@@ -164,6 +164,17 @@ async def pg_store(postgres_url: str) -> AsyncIterator[EpisodicStore]:
         await opened.close()
 
 
+@pytest.fixture
+async def db(postgres_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A plain asyncpg connection to the test's PostgreSQL database, for checks outside the
+    store."""
+    conn = await asyncpg.connect(asyncpg_dsn(postgres_url))
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
 @pytest.fixture(autouse=True)
 def _scrub_episodic_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests see no EPISODIC_* variables from the shell that runs them."""

@@ -27,9 +27,17 @@ __all__ = [
     "execute_raw",
     "snapshot",
     "store_through_proxy",
+    "url_through",
 ]
 
 TABLES = ("episodic_conversations", "episodic_events", "episodic_compaction_attempts")
+
+
+def url_through(url: str, port: int) -> str:
+    """``url`` pointed at a local proxy on ``port``, unencrypted so the proxy can read the
+    protocol."""
+    parsed = make_url(url).set(host="127.0.0.1", port=port)
+    return parsed.update_query_dict({"sslmode": "disable"}).render_as_string(hide_password=False)
 
 
 def asyncpg_dsn(url: str) -> str:
@@ -91,9 +99,7 @@ class RoundTripCounter:
             await self._server.wait_closed()
 
     def url_through(self, url: str, port: int) -> str:
-        parsed = make_url(url).set(host="127.0.0.1", port=port)
-        parsed = parsed.update_query_dict({"sslmode": "disable"})
-        return parsed.render_as_string(hide_password=False)
+        return url_through(url, port)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream_reader, upstream_writer = await asyncio.open_connection(

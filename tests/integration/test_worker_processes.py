@@ -25,7 +25,6 @@ from tests.integration.worker_processes import (
     TimedOpenAIServer,
     WorkerProcess,
     WorkerProcesses,
-    asyncpg_dsn,
     boundaries_of,
     create_due_conversation,
     message_rows,
@@ -48,16 +47,6 @@ def workers(postgres_url: str, tmp_path: Path) -> Iterator[WorkerProcesses]:
         yield started
     finally:
         started.kill_all()
-
-
-@pytest.fixture
-async def db(postgres_url: str) -> AsyncIterator[asyncpg.Connection]:
-    """A plain connection for checks, outside the store."""
-    conn = await asyncpg.connect(asyncpg_dsn(postgres_url))
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 @pytest.fixture

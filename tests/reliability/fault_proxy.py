@@ -35,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sqlalchemy.engine import make_url
+from tests.support import url_through
 
 Direction = Literal["c2s", "s2c"]
 
@@ -91,12 +91,7 @@ class FaultProxy:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 5)
 
-    @staticmethod
-    def url_through(url: str, port: int) -> str:
-        """``url`` pointed at the proxy, unencrypted so the protocol can be read."""
-        parsed = make_url(url).set(host="127.0.0.1", port=port)
-        parsed = parsed.update_query_dict({"sslmode": "disable"})
-        return parsed.render_as_string(hide_password=False)
+    url_through = staticmethod(url_through)
 
     # ---- faults ---------------------------------------------------------------------------
 

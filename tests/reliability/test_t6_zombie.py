@@ -42,7 +42,7 @@ from episodic.policy import EpisodicCompactionConfig
 from tests.conftest import isolated_settings
 from tests.integration.worker_processes import create_due_conversation
 from tests.reliability.sizes import size
-from tests.reliability.worker_child import Fleet, fleet, plain_dsn
+from tests.reliability.worker_child import Fleet, fleet
 
 pytestmark = pytest.mark.postgres_only
 
@@ -50,15 +50,6 @@ REPEATS = size(20, 200)
 LANES = 5
 ROUNDS = -(-REPEATS // LANES)
 LEASE = 1.0
-
-
-@pytest.fixture
-async def db(postgres_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(plain_dsn(postgres_url))
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 @pytest.fixture

@@ -37,7 +37,6 @@ import asyncio
 import json
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -82,15 +81,6 @@ SELECT conversation_id, count(*) AS n,
        md5(string_agg(seq::text || '|' || kind || '|' || payload, E'\\n' ORDER BY seq)) AS digest
   FROM episodic_events WHERE kind <> 'boundary' GROUP BY conversation_id
 """
-
-
-@pytest.fixture
-async def db(postgres_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(plain_dsn(postgres_url))
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 def _script(seed: int, cids: list[UUID]) -> dict[str, list[dict[str, Any]]]:
