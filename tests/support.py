@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
+from episodic.models import MessageEvent, StoredEvent
 from episodic.settings import EpisodicSettings
 from episodic.store import EpisodicStore
 from episodic.store.engine import sqlalchemy_url
@@ -25,6 +27,7 @@ __all__ = [
     "asyncpg_dsn",
     "counters_of",
     "execute_raw",
+    "sent_after_cut",
     "snapshot",
     "store_through_proxy",
     "url_through",
@@ -43,6 +46,23 @@ def url_through(url: str, port: int) -> str:
 def asyncpg_dsn(url: str) -> str:
     """``postgresql+asyncpg://...`` as a DSN asyncpg accepts."""
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def sent_after_cut(events: Sequence[StoredEvent], covers: int) -> Counter[int]:
+    """The seqs of the stored messages ``load_context`` sends after the cut, each once: not
+    system messages, nor assistant turns with neither text nor calls (kept in the log only)."""
+    return Counter(
+        e.seq
+        for e in events
+        if isinstance(e, MessageEvent)
+        and e.seq > covers
+        and e.message.role != "system"
+        and not (
+            e.message.role == "assistant"
+            and not e.message.tool_calls
+            and not e.message.text.strip()
+        )
+    )
 
 
 async def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:

@@ -26,6 +26,7 @@ from episodic.context import Context
 from episodic.loop import validate_history
 from episodic.models import ImageBlock, MessageEvent, StoredEvent, TextBlock
 from episodic.policy import safe_cut, safe_cut_at_or_before
+from tests.support import sent_after_cut
 
 MAX_EVENTS = 10_000
 
@@ -345,19 +346,7 @@ def check_against_log(ctx: Context, events: Sequence[StoredEvent], last_text: An
     # No stored result after the cut answers a call at or before it.
     assert not [r for r, c in answers.items() if r > covers and c <= covers]
 
-    expected = Counter(
-        e.seq
-        for e in events
-        if isinstance(e, MessageEvent)
-        and e.seq > covers
-        and e.message.role != "system"
-        # an assistant turn with neither text nor calls is kept in the log, not sent
-        and not (
-            e.message.role == "assistant"
-            and not e.message.tool_calls
-            and not e.message.text.strip()
-        )
-    )
+    expected = sent_after_cut(events, covers)
     found = Counter(m.seq for m in body if m.seq is not None)
     assert found == expected, "every stored message after the cut appears exactly once"
 

@@ -59,6 +59,7 @@ from tests.reliability.strategies import (
     results_crossing,
     seeded_script,
 )
+from tests.support import sent_after_cut
 
 PURE_CONVERSATIONS = size(2_000, 50_000)  # seeded
 SHRINKING_CONVERSATIONS = size(300, 5_000)  # hypothesis
@@ -100,18 +101,7 @@ def check_context(
     """Both validators' violations, after checking the context holds every message after the
     cut exactly once (synthetic results aside)."""
     covers = context.boundary.covers_through_seq if context.boundary is not None else 0
-    expected = Counter(
-        e.seq
-        for e in events
-        if isinstance(e, MessageEvent)
-        and e.seq > covers
-        and e.message.role != "system"
-        and not (
-            e.message.role == "assistant"
-            and not e.message.tool_calls
-            and not e.message.text.strip()
-        )
-    )
+    expected = sent_after_cut(events, covers)
     offset = 1 + len(context.boundary.retained) if context.boundary is not None else 0
     found = Counter(m.seq for m in context.messages[offset:] if m.seq is not None)
     assert found == expected, f"{where}: messages after the cut lost or repeated"
