@@ -8,6 +8,8 @@ original.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
 from uuid import UUID
 
 
@@ -19,12 +21,26 @@ class ValidationError(EpisodicError, ValueError):
     """Input was refused before anything was written: bad role, malformed content, an empty
     batch, a message over the size limit, an id that is not a UUID, and so on.
 
-    ``field`` names the offending part of the input when there is one.
+    ``field`` names the offending part of the input when there is one. When the refusal came
+    from a model's own validation (``Message.user(None)``), :meth:`errors` gives pydantic's
+    details, one dict per problem.
     """
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        details: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
         super().__init__(message)
         self.field = field
+        self._details = tuple(dict(detail) for detail in details)
+
+    def errors(self) -> list[dict[str, Any]]:
+        """Each problem found, as pydantic reports them (``type``, ``loc``, ``msg``, ...);
+        empty when the refusal was episodic's own check."""
+        return [dict(detail) for detail in self._details]
 
 
 class MessageTooLargeError(ValidationError):
@@ -168,22 +184,58 @@ class LockTimeoutError(TransientDatabaseError):
     long transaction outside episodic, usually). Nothing was written; retry later."""
 
 
+class DatabaseUnavailableError(TransientDatabaseError):
+    """The store could not connect to its database: a wrong host or port, a server that is
+    down or refuses connections, a database that does not exist, an unknown role or a wrong
+    password, a SQLite file that cannot be opened. The message says what to check; ``url``
+    is the database URL with its password masked. Retrying helps only when the server was
+    merely down."""
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+
 class ConfigurationError(EpisodicError):
     """The store or an optional component is not set up right: an unsupported database URL,
-    a missing optional dependency, a schema that is not migrated."""
+    a bad setting, a missing optional dependency."""
+
+
+class SchemaNotMigratedError(ConfigurationError):
+    """The database has no episodic schema, or an older (or newer) revision than this
+    version of episodic needs: run ``episodic migrate`` (or upgrade episodic). ``revision``
+    is the database's revision (None when there is no schema), ``expected`` the one needed."""
+
+    def __init__(self, message: str, *, revision: str | None, expected: str | None) -> None:
+        super().__init__(message)
+        self.revision = revision
+        self.expected = expected
+
+
+class IntegrityViolationError(EpisodicError):
+    """The database refused a write with a constraint episodic's own checks did not expect
+    (a row changed outside episodic, usually). Nothing was written; ``constraint`` names the
+    constraint when the database said which."""
+
+    def __init__(self, message: str, *, constraint: str | None = None) -> None:
+        super().__init__(message)
+        self.constraint = constraint
 
 
 __all__ = [
     "ConfigurationError",
     "ConflictError",
+    "DatabaseUnavailableError",
     "DuplicateToolCallError",
     "EpisodicError",
     "IdempotencyMismatchError",
+    "IntegrityViolationError",
     "LeaseLostError",
     "LockTimeoutError",
     "MessageTooLargeError",
     "NotFoundError",
     "OrphanToolResultError",
+    "SchemaNotMigratedError",
     "TenantDeniedError",
     "ToolPairingError",
     "TransientDatabaseError",

@@ -36,6 +36,8 @@ def run_with_connection(connection: Connection) -> None:
     with context.begin_transaction():
         if connection.dialect.name == "postgresql":
             connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
+        # Read under the lock: what this run starts from, for `episodic migrate` to report.
+        config.attributes["revision_before"] = context.get_context().get_current_revision()
         context.run_migrations()
 
 

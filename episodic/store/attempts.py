@@ -7,7 +7,9 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
+
+from episodic.models import EpisodicModel
 
 AttemptOutcome = Literal[
     "succeeded",
@@ -89,8 +91,31 @@ class AttemptEnd:
     clear_due: bool = False
 
 
-class CompactionStatus(BaseModel):
-    """What ``episodic status`` shows."""
+QueueState = Literal["dead", "leased", "failing", "due"]
+#: The order ``episodic status`` lists them in: what needs a person first.
+QUEUE_STATES: tuple[QueueState, ...] = ("dead", "leased", "failing", "due")
+
+
+class CompactionQueueEntry(EpisodicModel):
+    """A conversation the compaction queue holds: due, leased by a worker, failing (due
+    again after an error) or dead (out of attempts; ``episodic compact`` revives it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    conversation_id: UUID
+    tenant_id: str
+    state: QueueState
+    reason: str | None
+    attempts: int
+    last_error: str | None
+    next_attempt_at: datetime | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+
+
+class CompactionStatus(EpisodicModel):
+    """What ``episodic status`` shows: counts, the conversations behind them (dead first, at
+    most the limit asked for), and the latest attempts."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -98,7 +123,17 @@ class CompactionStatus(BaseModel):
     leased: int
     failing: int
     dead: int
+    conversations: list[CompactionQueueEntry]
     recent_attempts: list[dict[str, Any]]
 
 
-__all__ = ["AttemptEnd", "AttemptOutcome", "AttemptRecord", "Claim", "CompactionStatus"]
+__all__ = [
+    "QUEUE_STATES",
+    "AttemptEnd",
+    "AttemptOutcome",
+    "AttemptRecord",
+    "Claim",
+    "CompactionQueueEntry",
+    "CompactionStatus",
+    "QueueState",
+]

@@ -20,6 +20,7 @@ from episodic.store.attempts import (
 )
 from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite, HeadState
+from episodic.store.migrate import SchemaMigration
 
 Outcome = Literal[
     "appended",
@@ -63,12 +64,21 @@ class Backend(Protocol):
     #: the tenant every operation is scoped to; None for an unscoped backend
     tenant: str | None
 
+    @property
+    def location(self) -> str:
+        """The database's URL with its password masked, for messages."""
+        ...
+
     def for_tenant(self, tenant: str) -> Backend:
         """The same connections, every operation scoped to ``tenant``: another tenant's
         conversations are not found, and writes to them are refused."""
         ...
 
-    async def migrate(self) -> None: ...
+    async def migrate(self) -> SchemaMigration: ...
+
+    async def schema_revision(self) -> str | None:
+        """The schema's Alembic revision; None when there is no episodic schema."""
+        ...
 
     async def create_conversation(
         self, conversation_id: UUID, tenant_id: str, metadata: dict[str, Any], created_at: datetime
@@ -131,7 +141,10 @@ class Backend(Protocol):
         """Mark due the conversations whose age rule fires (the periodic sweep)."""
         ...
 
-    async def status(self, recent: int) -> CompactionStatus: ...
+    async def status(self, recent: int, limit: int) -> CompactionStatus:
+        """Queue counts, up to ``limit`` of the queue's conversations (dead first), and the
+        ``recent`` latest attempts; only the scoped tenant's, when scoped."""
+        ...
 
     async def load_tail(self, conversation_id: UUID) -> LoadedTail | None:
         """The head's position and every event after its latest cut, in one statement."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from weakref import WeakKeyDictionary
@@ -12,7 +13,18 @@ from alembic.config import Config
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from episodic.errors import ConfigurationError
+from episodic.errors import ConfigurationError, SchemaNotMigratedError
+
+#: Every revision of episodic's schema, oldest first; this version of episodic needs the last.
+#: (A test checks this is Alembic's history.)
+REVISIONS = (
+    "0001_event_log",
+    "0002_compaction_due",
+    "0003_partial_unique_keys",
+    "0004_tenant_isolation",
+    "0005_protected_heads",
+)
+HEAD_REVISION = REVISIONS[-1]
 
 
 def migrations_directory() -> Path:
@@ -34,10 +46,26 @@ def alembic_config() -> Config:
     return config
 
 
-def _upgrade(connection: Connection) -> None:
+@dataclass(frozen=True, slots=True)
+class SchemaMigration:
+    """What ``migrate()`` did: the revision it found (None: no schema) and the one it left."""
+
+    before: str | None
+    after: str
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+def _upgrade(connection: Connection) -> SchemaMigration:
     config = alembic_config()
     config.attributes["connection"] = connection
     command.upgrade(config, "head")
+    # env.py reads the revision it starts from once it holds the migration lock, so of many
+    # processes migrating at once exactly one reports the change.
+    before = config.attributes.get("revision_before")
+    return SchemaMigration(before=before, after=HEAD_REVISION)
 
 
 # Alembic keeps its migration context in module globals, so two upgrades interleaved on one
@@ -45,11 +73,40 @@ def _upgrade(connection: Connection) -> None:
 _loop_locks: WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = WeakKeyDictionary()
 
 
-async def upgrade_to_head(engine: AsyncEngine) -> None:
+async def upgrade_to_head(engine: AsyncEngine) -> SchemaMigration:
     """``alembic upgrade head`` on ``engine``, in one transaction."""
     lock = _loop_locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
     async with lock, engine.begin() as connection:
-        await connection.run_sync(_upgrade)
+        return await connection.run_sync(_upgrade)
 
 
-__all__ = ["alembic_config", "migrations_directory", "upgrade_to_head"]
+def check_revision(revision: str | None, *, where: str) -> None:
+    """Raise :class:`SchemaNotMigratedError`, saying what to do, unless the database at
+    ``where`` (a masked URL) is at :data:`HEAD_REVISION`."""
+    if revision == HEAD_REVISION:
+        return
+    if revision is None:
+        problem = "has no episodic schema"
+        advice = "run `episodic migrate` (or store.migrate()) to create it"
+    elif revision in REVISIONS:
+        problem = f"has the episodic schema at revision {revision}, older than {HEAD_REVISION}"
+        advice = "run `episodic migrate` (or store.migrate()) to upgrade it"
+    else:
+        problem = (
+            f"has the episodic schema at revision {revision}, which this episodic does not know"
+        )
+        advice = "upgrade the episodic package to the version that migrated it"
+    raise SchemaNotMigratedError(
+        f"the database {where} {problem}: {advice}", revision=revision, expected=HEAD_REVISION
+    )
+
+
+__all__ = [
+    "HEAD_REVISION",
+    "REVISIONS",
+    "SchemaMigration",
+    "alembic_config",
+    "check_revision",
+    "migrations_directory",
+    "upgrade_to_head",
+]

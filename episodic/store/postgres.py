@@ -12,7 +12,7 @@ hand or by a scoped worker, listing, paging events) run in a transaction that se
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -23,7 +23,7 @@ import orjson
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
-from episodic.errors import ConflictError
+from episodic.errors import ConflictError, SchemaNotMigratedError
 from episodic.models import Conversation, StoredEvent
 from episodic.policy import EpisodicCompactionConfig
 from episodic.store.attempts import (
@@ -31,6 +31,7 @@ from episodic.store.attempts import (
     AttemptOutcome,
     AttemptRecord,
     Claim,
+    CompactionQueueEntry,
     CompactionStatus,
 )
 from episodic.store.backend import Closer, LoadedTail, PlanBoundary, WriteOutcome
@@ -38,8 +39,10 @@ from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite
 from episodic.store.codec import decode_conversation, decode_event_row, decode_head_state
 from episodic.store.engine import DatabaseUrl
-from episodic.store.migrate import upgrade_to_head
-from episodic.store.translate import translated_errors
+from episodic.store.migrate import SchemaMigration, upgrade_to_head
+from episodic.store.translate import connection_refused, translated_errors
+
+READ_REVISION = "SELECT version_num FROM episodic_alembic_version"
 
 APPEND = """
 SELECT o_outcome, o_seq, o_created_at, o_detail
@@ -225,12 +228,35 @@ SELECT count(*) FILTER (WHERE due_since IS NOT NULL AND dead_since IS NULL) AS d
                           AND last_error IS NOT NULL) AS failing,
        count(*) FILTER (WHERE dead_since IS NOT NULL) AS dead
   FROM episodic_conversations
+ WHERE $1::text IS NULL OR tenant_id = $1
+"""
+
+# The conversations behind the counts, what needs a person first (dead, then leased, failing,
+# due). An operator's query: it reads every head, like the counts.
+QUEUE = """
+SELECT conversation_id, tenant_id, due_reason AS reason, compaction_attempts AS attempts,
+       last_error, next_attempt_at, lease_owner, lease_expires_at,
+       CASE WHEN dead_since IS NOT NULL THEN 'dead'
+            WHEN lease_expires_at > now() THEN 'leased'
+            WHEN last_error IS NOT NULL THEN 'failing'
+            ELSE 'due' END AS state
+  FROM episodic_conversations
+ WHERE (due_since IS NOT NULL OR dead_since IS NOT NULL OR lease_expires_at > now())
+   AND ($2::text IS NULL OR tenant_id = $2)
+ ORDER BY array_position(ARRAY['dead', 'leased', 'failing', 'due'],
+                         CASE WHEN dead_since IS NOT NULL THEN 'dead'
+                              WHEN lease_expires_at > now() THEN 'leased'
+                              WHEN last_error IS NOT NULL THEN 'failing'
+                              ELSE 'due' END),
+          next_attempt_at NULLS LAST, conversation_id
+ LIMIT $1
 """
 
 RECENT_ATTEMPTS = """
 SELECT conversation_id, worker, reason, outcome, error, started_at, finished_at, model,
        tokens_before, tokens_after, boundary_seq
   FROM episodic_compaction_attempts
+ WHERE $2::text IS NULL OR tenant_id = $2
  ORDER BY finished_at DESC
  LIMIT $1
 """
@@ -270,19 +296,45 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
     transaction-local, advisory locks transaction-scoped, LISTEN on dedicated connections)."""
 
 
+def _connector(url: str, timeout: float) -> Callable[..., Awaitable[asyncpg.Connection]]:
+    """``asyncpg.connect`` for the pool and the listener, with a refused connection raised
+    as the :class:`~episodic.errors.DatabaseUnavailableError` that says what to fix, however
+    deep in a pool it was opened."""
+
+    async def connect(*args: Any, **kwargs: Any) -> asyncpg.Connection:
+        kwargs.setdefault("timeout", timeout)
+        try:
+            return await asyncpg.connect(*args, **kwargs)
+        except Exception as exc:
+            refused = connection_refused(exc, url)
+            if refused is None:
+                raise
+            raise refused from exc
+
+    return connect
+
+
 class PostgresBackend:
     dialect = "postgresql"
 
-    def __init__(self, url: DatabaseUrl, pool: asyncpg.Pool, tenant: str | None = None) -> None:
+    def __init__(
+        self,
+        url: DatabaseUrl,
+        pool: asyncpg.Pool,
+        connect: Callable[..., Awaitable[asyncpg.Connection]],
+        tenant: str | None = None,
+    ) -> None:
         self._url = url
         self._pool = pool
+        self._connect = connect
         #: None: whatever the connecting role may see (everything, for a superuser or an
         #: episodic_all_tenants member). Else every statement runs under this tenant.
         self.tenant = tenant
+        self.location = url.masked
 
     def for_tenant(self, tenant: str) -> PostgresBackend:
         """The same pool, every operation scoped to ``tenant``."""
-        return PostgresBackend(self._url, self._pool, tenant)
+        return PostgresBackend(self._url, self._pool, self._connect, tenant)
 
     @asynccontextmanager
     async def _session(self) -> AsyncIterator[asyncpg.Connection]:
@@ -304,7 +356,9 @@ class PostgresBackend:
         min_size: int = 1,
         max_size: int = 10,
         server_settings: dict[str, str] | None = None,
+        connect_timeout: float = 10.0,
     ) -> PostgresBackend:
+        connect = _connector(url.masked, connect_timeout)
         with translated_errors():
             pool = await asyncpg.create_pool(
                 url.asyncpg,
@@ -313,16 +367,42 @@ class PostgresBackend:
                 server_settings=server_settings,
                 init=_init_connection,
                 reset=_keep_session,
+                connect=connect,
             )
-        return cls(url, pool)
+        return cls(url, pool, connect)
 
-    async def migrate(self) -> None:
-        engine = create_async_engine(self._url.sqlalchemy, poolclass=NullPool)
+    async def migrate(self) -> SchemaMigration:
+        engine = create_async_engine(
+            self._url.sqlalchemy, poolclass=NullPool, async_creator=self._migration_connection
+        )
         try:
             with translated_errors():
-                await upgrade_to_head(engine)
+                return await upgrade_to_head(engine)
         finally:
             await engine.dispose()
+
+    async def _migration_connection(self) -> asyncpg.Connection:
+        # Alembic's connection is opened like the pool's, so a refusal reads the same.
+        assert self._url.asyncpg is not None
+        return await self._connect(self._url.asyncpg)
+
+    async def schema_revision(self) -> str | None:
+        """The database's schema revision; None when it has no episodic schema."""
+        with translated_errors():
+            try:
+                revision: str | None = await self._pool.fetchval(READ_REVISION)
+                return revision
+            except asyncpg.UndefinedTableError:
+                return None
+            except asyncpg.InsufficientPrivilegeError as exc:
+                raise SchemaNotMigratedError(
+                    f"the database {self.location} does not let this role read its schema "
+                    "revision: it is older than this episodic, or the role is not granted "
+                    "episodic_app, episodic_worker or episodic_all_tenants; run `episodic "
+                    "migrate` as the tables' owner",
+                    revision=None,
+                    expected=None,
+                ) from exc
 
     async def create_conversation(
         self, conversation_id: UUID, tenant_id: str, metadata: dict[str, Any], created_at: datetime
@@ -480,7 +560,7 @@ class PostgresBackend:
         # not carry (the pool does not reset them, see _keep_session).
         assert self._url.asyncpg is not None
         with translated_errors():
-            connection = await asyncpg.connect(self._url.asyncpg)
+            connection = await self._connect(self._url.asyncpg)
             await connection.add_listener(DUE_CHANNEL, lambda *_: wake())
 
         async def close() -> None:
@@ -521,15 +601,18 @@ class PostgresBackend:
             )
         return len(rows)
 
-    async def status(self, recent: int) -> CompactionStatus:
+    async def status(self, recent: int, limit: int) -> CompactionStatus:
         with translated_errors():
-            counts = await self._pool.fetchrow(STATUS)
-            attempts = await self._pool.fetch(RECENT_ATTEMPTS, recent)
+            async with self._session() as connection:
+                counts = await connection.fetchrow(STATUS, self.tenant)
+                queue = await connection.fetch(QUEUE, limit, self.tenant)
+                attempts = await connection.fetch(RECENT_ATTEMPTS, recent, self.tenant)
         return CompactionStatus(
             due=counts["due"],
             leased=counts["leased"],
             failing=counts["failing"],
             dead=counts["dead"],
+            conversations=[CompactionQueueEntry.model_validate(dict(row)) for row in queue],
             recent_attempts=[dict(row) for row in attempts],
         )
 

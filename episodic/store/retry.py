@@ -5,7 +5,8 @@ carry an idempotency key (a retry of one that did commit returns the first resul
 else surfaces the :class:`TransientDatabaseError` at once: the caller knows whether its write
 may be repeated, the store does not. Conflicts are never retried, and neither are lock
 timeouts: the session holding the lock most likely still holds it, and the caller chose how
-long it would wait (``lock_timeout_ms``).
+long it would wait (``lock_timeout_ms``); nor a database that refuses new connections, which a
+few milliseconds do not fix (a wrong password, a server that is down).
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from episodic.errors import LockTimeoutError, TransientDatabaseError
+from episodic.errors import DatabaseUnavailableError, LockTimeoutError, TransientDatabaseError
+
+#: Transient failures that a retry within milliseconds does not cure.
+_NOT_RETRIED = (LockTimeoutError, DatabaseUnavailableError)
 
 T = TypeVar("T")
 
@@ -32,7 +36,7 @@ async def retry_transient(operation: Callable[[], Awaitable[T]], *, safe: bool) 
         try:
             return await operation()
         except TransientDatabaseError as exc:
-            if not safe or attempt == ATTEMPTS or isinstance(exc, LockTimeoutError):
+            if not safe or attempt == ATTEMPTS or isinstance(exc, _NOT_RETRIED):
                 raise
         await asyncio.sleep(delay * random.uniform(0.5, 1.5))
         delay *= 2

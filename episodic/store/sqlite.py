@@ -8,6 +8,7 @@ head is advanced with the projection's own fold (store/projection.py).
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -15,20 +16,24 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
-from sqlalchemy import and_, event, func, insert, or_, select, update
+from sqlalchemy import and_, column, event, func, insert, or_, select, table, update
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection as SyncConnection
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
+from episodic.errors import DatabaseUnavailableError
 from episodic.models import Conversation, StoredEvent
 from episodic.policy import EpisodicCompactionConfig
 from episodic.store.attempts import (
+    QUEUE_STATES,
     AttemptEnd,
     AttemptOutcome,
     AttemptRecord,
     Claim,
+    CompactionQueueEntry,
     CompactionStatus,
+    QueueState,
 )
 from episodic.store.backend import Closer, LoadedTail, PlanBoundary, WriteOutcome
 from episodic.store.batch import PreparedBatch, encode_json
@@ -45,12 +50,15 @@ from episodic.store.codec import (
 )
 from episodic.store.due import due_reason
 from episodic.store.engine import DatabaseUrl
-from episodic.store.migrate import upgrade_to_head
+from episodic.store.migrate import SchemaMigration, upgrade_to_head
 from episodic.store.projection import HeadCounters
 from episodic.store.schema import compaction_attempts, conversations, events
 from episodic.store.translate import translated_errors
 
 _WRITE = "episodic_write"
+
+sqlite_master = table("sqlite_master", column("name"))
+alembic_version = table("episodic_alembic_version", column("version_num"))
 
 
 def _configure(engine: AsyncEngine) -> None:
@@ -76,9 +84,15 @@ class SqliteBackend:
     dialect = "sqlite"
 
     def __init__(
-        self, engine: AsyncEngine, *, tenant: str | None = None, write_lock: asyncio.Lock | None
+        self,
+        engine: AsyncEngine,
+        *,
+        url: DatabaseUrl,
+        tenant: str | None = None,
+        write_lock: asyncio.Lock | None,
     ) -> None:
         self._engine = engine
+        self._url = url
         self._writer = engine.execution_options(**{_WRITE: True})
         # SQLite has one writer at a time. Queueing this process's writers here is fair and
         # prompt; leaving it to the busy handler makes them sleep and poll. Other processes
@@ -88,9 +102,18 @@ class SqliteBackend:
         #: by this tenant itself, so another tenant's conversation is simply not there.
         self.tenant = tenant
 
+    @property
+    def location(self) -> str:
+        """The URL, and whether its file is missing (SQLite would create an empty one)."""
+        if _missing(self._url.sqlite_path):
+            return f"{self._url.masked} (no such file; is the path right?)"
+        return self._url.masked
+
     def for_tenant(self, tenant: str) -> SqliteBackend:
         """The same engine (and write queue), every operation scoped to ``tenant``."""
-        return SqliteBackend(self._engine, tenant=tenant, write_lock=self._write_lock)
+        return SqliteBackend(
+            self._engine, url=self._url, tenant=tenant, write_lock=self._write_lock
+        )
 
     @asynccontextmanager
     async def _write(self) -> AsyncIterator[AsyncConnection]:
@@ -99,37 +122,64 @@ class SqliteBackend:
 
     @classmethod
     async def connect(cls, url: DatabaseUrl) -> SqliteBackend:
-        in_memory = url.sqlalchemy.rstrip("/").endswith(("sqlite+aiosqlite:", ":memory:"))
+        """An engine for ``url``. Connects lazily: a file that does not exist yet is created
+        by :meth:`migrate` only, never by a read that mistyped its path."""
+        problem = _unopenable(url.sqlite_path)
+        if problem is not None:
+            raise DatabaseUnavailableError(
+                f"cannot open the SQLite database {url.masked}: {problem}; check "
+                "EPISODIC_DATABASE_URL (sqlite+aiosqlite:///relative/file.db, or four slashes "
+                "for an absolute path)",
+                url=url.masked,
+            )
         options: dict[str, Any] = {"connect_args": {"timeout": 30}}
-        if in_memory:
+        if url.sqlite_path is None:
             # Every connection to :memory: is a new empty database; share one.
             options["poolclass"] = StaticPool
         engine = create_async_engine(url.sqlalchemy, **options)
         _configure(engine)
-        return cls(engine, write_lock=None)
+        return cls(engine, url=url, write_lock=None)
 
-    async def migrate(self) -> None:
-        with translated_errors():
-            await upgrade_to_head(self._writer)
+    async def migrate(self) -> SchemaMigration:
+        with translated_errors(self.location):
+            return await upgrade_to_head(self._writer)
+
+    async def schema_revision(self) -> str | None:
+        """The file's schema revision; None when it has no episodic schema or does not exist
+        (then it is left uncreated)."""
+        if _missing(self._url.sqlite_path):
+            return None
+        with translated_errors(self.location):
+            async with self._engine.connect() as conn:
+                exists = await conn.scalar(
+                    select(func.count())
+                    .select_from(sqlite_master)
+                    .where(sqlite_master.c.name == "episodic_alembic_version")
+                )
+                if not exists:
+                    return None
+                revision: str | None = await conn.scalar(select(alembic_version.c.version_num))
+                return revision
 
     async def create_conversation(
         self, conversation_id: UUID, tenant_id: str, metadata: dict[str, Any], created_at: datetime
     ) -> bool:
-        with translated_errors():
-            try:
-                async with self._write() as conn:
-                    await conn.execute(
-                        insert(conversations).values(
-                            conversation_id=conversation_id,
-                            tenant_id=tenant_id,
-                            created_at=created_at,
-                            metadata=metadata,
-                            open_tool_calls={},
-                        )
-                    )
-            except IntegrityError:
-                return False
-        return True
+        # Only a taken id is "not created"; any other refusal is translated as one.
+        statement = (
+            sqlite_insert(conversations)
+            .values(
+                conversation_id=conversation_id,
+                tenant_id=tenant_id,
+                created_at=created_at,
+                metadata=metadata,
+                open_tool_calls={},
+            )
+            .on_conflict_do_nothing(index_elements=["conversation_id"])
+        )
+        with translated_errors(self.location):
+            async with self._write() as conn:
+                result = await conn.execute(statement)
+        return bool(result.rowcount == 1)
 
     async def append(
         self,
@@ -139,7 +189,7 @@ class SqliteBackend:
         trigger: EpisodicCompactionConfig,
     ) -> WriteOutcome:
         # The same checks, in the same order, as the PostgreSQL function episodic_append.
-        with translated_errors():
+        with translated_errors(self.location):
             async with self._write() as conn:
                 head = await _head(conn, conversation_id, self.tenant)
                 if head is None:
@@ -223,7 +273,7 @@ class SqliteBackend:
     async def mark_run_completed(
         self, conversation_id: UUID, tokens_per_abandoned: int, trigger: EpisodicCompactionConfig
     ) -> WriteOutcome:
-        with translated_errors():
+        with translated_errors(self.location):
             async with self._write() as conn:
                 head = await _head(conn, conversation_id, self.tenant)
                 if head is None:
@@ -261,7 +311,7 @@ class SqliteBackend:
         plan: PlanBoundary,
         attempt: AttemptRecord | None,
     ) -> BoundaryWrite | None:
-        with translated_errors():
+        with translated_errors(self.location):
             async with self._write() as conn:
                 head = await _head(conn, conversation_id, self.tenant)
                 if head is None:
@@ -295,7 +345,7 @@ class SqliteBackend:
     async def claim(self, owner: str, limit: int, lease_seconds: float) -> list[Claim]:
         now = datetime.now(UTC)
         head = conversations.c
-        with translated_errors():
+        with translated_errors(self.location):
             async with self._write() as conn:
                 rows = (
                     await conn.execute(
@@ -317,7 +367,7 @@ class SqliteBackend:
         self, conversation_id: UUID, owner: str, lease_seconds: float, reason: str
     ) -> Claim | None:
         now = datetime.now(UTC)
-        with translated_errors():
+        with translated_errors(self.location):
             async with self._write() as conn:
                 row = await _head(conn, conversation_id, self.tenant)
                 if row is None:
@@ -359,7 +409,7 @@ class SqliteBackend:
             changes["next_attempt_at"] = now + timedelta(seconds=end.retry_in)
         if end.dead:
             changes["dead_since"] = now
-        with translated_errors():
+        with translated_errors(self.location):
             async with self._write() as conn:
                 result = await conn.execute(
                     update(conversations)
@@ -379,7 +429,7 @@ class SqliteBackend:
         now = datetime.now(UTC)
         head = conversations.c
         marked = 0
-        with translated_errors():
+        with translated_errors(self.location):
             async with self._write() as conn:
                 rows = await conn.execute(
                     select(conversations).where(
@@ -401,7 +451,7 @@ class SqliteBackend:
                     marked += 1
         return marked
 
-    async def status(self, recent: int) -> CompactionStatus:
+    async def status(self, recent: int, limit: int) -> CompactionStatus:
         now = datetime.now(UTC)
         head = conversations.c
         due = and_(head.due_since.is_not(None), head.dead_since.is_(None))
@@ -410,6 +460,14 @@ class SqliteBackend:
             func.count().filter(head.lease_expires_at > now),
             func.count().filter(and_(due, head.last_error.is_not(None))),
             func.count().filter(head.dead_since.is_not(None)),
+        ).where(*_of_tenant(self.tenant))
+        queue_query = select(conversations).where(
+            or_(
+                head.due_since.is_not(None),
+                head.dead_since.is_not(None),
+                head.lease_expires_at > now,
+            ),
+            *_of_tenant(self.tenant),
         )
         attempts = compaction_attempts.c
         recent_query = (
@@ -426,23 +484,27 @@ class SqliteBackend:
                 attempts.tokens_after,
                 attempts.boundary_seq,
             )
+            .where(*([] if self.tenant is None else [attempts.tenant_id == self.tenant]))
             .order_by(attempts.finished_at.desc())
             .limit(recent)
         )
-        with translated_errors():
+        with translated_errors(self.location):
             async with self._engine.connect() as conn:
                 counts = (await conn.execute(query)).one()
+                heads = (await conn.execute(queue_query)).mappings().all()
                 rows = (await conn.execute(recent_query)).mappings().all()
+        queue = sorted((_queue_entry(dict(row), now) for row in heads), key=_queue_order)
         return CompactionStatus(
             due=counts[0],
             leased=counts[1],
             failing=counts[2],
             dead=counts[3],
+            conversations=queue[:limit],
             recent_attempts=[dict(row) for row in rows],
         )
 
     async def load_tail(self, conversation_id: UUID) -> LoadedTail | None:
-        with translated_errors():
+        with translated_errors(self.location):
             async with self._engine.connect() as conn:
                 head = await _head(conn, conversation_id, self.tenant)
                 if head is None:
@@ -453,7 +515,7 @@ class SqliteBackend:
     async def read_events(
         self, conversation_id: UUID, after_seq: int, limit: int
     ) -> list[StoredEvent]:
-        with translated_errors():
+        with translated_errors(self.location):
             async with self._engine.connect() as conn:
                 if (
                     self.tenant is not None
@@ -463,7 +525,7 @@ class SqliteBackend:
                 return await _events_after(conn, conversation_id, after_seq, limit)
 
     async def get_conversation(self, conversation_id: UUID) -> Conversation | None:
-        with translated_errors():
+        with translated_errors(self.location):
             async with self._engine.connect() as conn:
                 head = await _head(conn, conversation_id, self.tenant)
         return decode_conversation(head) if head is not None else None
@@ -476,7 +538,7 @@ class SqliteBackend:
             .order_by(head.created_at.desc(), head.conversation_id.desc())
             .limit(limit)
         )
-        with translated_errors():
+        with translated_errors(self.location):
             async with self._engine.connect() as conn:
                 if before is not None:
                     cursor = (
@@ -502,6 +564,55 @@ class SqliteBackend:
 
     async def close(self) -> None:
         await self._engine.dispose()
+
+
+def _queue_entry(row: dict[str, Any], now: datetime) -> CompactionQueueEntry:
+    """A head in the compaction queue, in the state PostgreSQL's status query gives it."""
+    lease_end = utc(row["lease_expires_at"]) if row["lease_expires_at"] is not None else None
+    state: QueueState = "due"
+    if row["dead_since"] is not None:
+        state = "dead"
+    elif lease_end is not None and lease_end > now:
+        state = "leased"
+    elif row["last_error"] is not None:
+        state = "failing"
+    return CompactionQueueEntry(
+        conversation_id=row["conversation_id"],
+        tenant_id=row["tenant_id"],
+        state=state,
+        reason=row["due_reason"],
+        attempts=row["compaction_attempts"],
+        last_error=row["last_error"],
+        next_attempt_at=utc(row["next_attempt_at"]) if row["next_attempt_at"] else None,
+        lease_owner=row["lease_owner"],
+        lease_expires_at=lease_end,
+    )
+
+
+def _queue_order(entry: CompactionQueueEntry) -> tuple[int, bool, datetime, str]:
+    when = entry.next_attempt_at or datetime.max.replace(tzinfo=UTC)
+    return (
+        QUEUE_STATES.index(entry.state),
+        entry.next_attempt_at is None,
+        when,
+        str(entry.conversation_id),
+    )
+
+
+def _missing(path: str | None) -> bool:
+    return path is not None and not os.path.exists(path)
+
+
+def _unopenable(path: str | None) -> str | None:
+    """Why SQLite could never open a database file at ``path``, or None."""
+    if path is None:
+        return None
+    if os.path.isdir(path):
+        return "the path is a directory"
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        return f"its directory {directory} does not exist"
+    return None
 
 
 async def _head(

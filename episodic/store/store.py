@@ -43,10 +43,11 @@ from episodic.store.attempts import (
 from episodic.store.backend import Backend, Closer, WriteOutcome
 from episodic.store.batch import PreparedBatch, encode_json, prepare_batch
 from episodic.store.boundaries import BoundaryWrite, HeadState, boundary_request, plan_boundary
-from episodic.store.checks import MAX_SEQ, check_text
+from episodic.store.checks import MAX_SEQ, check_int, check_text
 from episodic.store.codec import utc
 from episodic.store.due import check_overrides, pressure_from
 from episodic.store.engine import parse_database_url
+from episodic.store.migrate import HEAD_REVISION, SchemaMigration, check_revision
 from episodic.store.postgres import PostgresBackend
 from episodic.store.projection import abandoned_result_tokens, counters_of
 from episodic.store.retry import retry_transient
@@ -62,6 +63,19 @@ MAX_CLAIM_TEXT_LENGTH = 512
 MAX_LEASE_SECONDS = 7 * 86_400
 
 
+class _SchemaState:
+    """Whether the database's schema is known to be the one this episodic needs, shared by a
+    store and its tenant-scoped copies. Until it is, every call reads the revision first (one
+    query), so an unmigrated database is a clear :class:`SchemaNotMigratedError` on the first
+    call, not a missing-table error from the middle of an append; once it is, the check costs
+    an attribute read."""
+
+    __slots__ = ("current",)
+
+    def __init__(self, revision: str | None) -> None:
+        self.current = revision == HEAD_REVISION
+
+
 class EpisodicStore:
     """An append-only log of agent conversations. Open one per process with
     :meth:`open` and share it between tasks; it holds a connection pool."""
@@ -74,9 +88,11 @@ class EpisodicStore:
         max_message_bytes: int,
         trigger: EpisodicCompactionConfig | None = None,
         owns_backend: bool = True,
+        schema: _SchemaState | None = None,
     ) -> None:
         self._backend = backend
         self._owns_backend = owns_backend
+        self._schema = schema or _SchemaState(HEAD_REVISION)
         self.estimator = estimator
         self.max_message_bytes = max_message_bytes
         #: when appends mark a conversation due for compaction (per-conversation overrides in
@@ -95,9 +111,15 @@ class EpisodicStore:
         trigger: EpisodicCompactionConfig | None = None,
     ) -> EpisodicStore:
         """Connect to ``url`` (default: ``EPISODIC_DATABASE_URL``, else ``./episodic.db``).
-        Does not create tables: call :meth:`migrate` (or run ``episodic migrate``)."""
+
+        A database that cannot be reached or refuses the connection raises
+        :class:`DatabaseUnavailableError` here, saying what to fix. Does not create tables:
+        call :meth:`migrate` (or run ``episodic migrate``); until the schema is current, every
+        other call raises :class:`SchemaNotMigratedError`. A SQLite file is created by
+        :meth:`migrate` only."""
         settings = settings or load_settings()
         parsed = parse_database_url(url or settings.database_url)
+        chosen_estimator = estimator or estimator_from_name(settings.token_estimator)
         backend: Backend
         if parsed.dialect == "postgresql":
             backend = await PostgresBackend.connect(
@@ -110,14 +132,21 @@ class EpisodicStore:
                         settings.idle_in_transaction_timeout_ms
                     ),
                 },
+                connect_timeout=settings.connect_timeout_seconds,
             )
         else:
             backend = await SqliteBackend.connect(parsed)
+        try:
+            revision = await backend.schema_revision()
+        except BaseException:
+            await backend.close()
+            raise
         return cls(
             backend,
-            estimator=estimator or estimator_from_name(settings.token_estimator),
+            estimator=chosen_estimator,
             max_message_bytes=max_message_bytes or settings.max_message_bytes,
             trigger=trigger or settings.trigger_config(),
+            schema=_SchemaState(revision),
         )
 
     def for_tenant(self, tenant_id: str) -> EpisodicStore:
@@ -141,6 +170,7 @@ class EpisodicStore:
             max_message_bytes=self.max_message_bytes,
             trigger=self.trigger,
             owns_backend=False,
+            schema=self._schema,
         )
 
     @property
@@ -149,14 +179,28 @@ class EpisodicStore:
         return self._backend.tenant
 
     @property
+    def location(self) -> str:
+        """The database's URL with its password masked: what messages and logs may show."""
+        return self._backend.location
+
+    @property
     def dialect(self) -> str:
         """``"postgresql"`` or ``"sqlite"``."""
         return self._backend.dialect
 
-    async def migrate(self) -> None:
-        """Create or upgrade the schema (``alembic upgrade head``). Safe to call from many
-        processes at once."""
-        await self._backend.migrate()
+    async def migrate(self) -> SchemaMigration:
+        """Create or upgrade the schema (``alembic upgrade head``) and say from which revision
+        (``before`` is None when there was none). Safe to call from many processes at once."""
+        done = await self._backend.migrate()
+        self._schema.current = True
+        return done
+
+    async def _check_schema(self) -> None:
+        """Raise :class:`SchemaNotMigratedError` unless the schema is current (the caller
+        checks ``self._schema.current`` first, so a current schema costs no call)."""
+        revision = await retry_transient(self._backend.schema_revision, safe=True)
+        check_revision(revision, where=self._backend.location)
+        self._schema.current = True
 
     async def close(self) -> None:
         if self._owns_backend:
@@ -185,6 +229,8 @@ class EpisodicStore:
         """Start a conversation and return its id (a new UUID unless you pass one).
         ``tenant_id`` defaults to the store's tenant (:meth:`for_tenant`), else ``"default"``;
         a scoped store refuses another with :class:`TenantDeniedError`."""
+        if not self._schema.current:
+            await self._check_schema()
         scope = self._backend.tenant
         if tenant_id is None:
             tenant_id = scope or DEFAULT_TENANT
@@ -215,6 +261,8 @@ class EpisodicStore:
 
     async def get_conversation(self, conversation_id: UUID | str) -> Conversation:
         """The conversation's head: tenant, metadata and counters."""
+        if not self._schema.current:
+            await self._check_schema()
         cid = parse_conversation_id(conversation_id)
         head = await retry_transient(lambda: self._backend.get_conversation(cid), safe=True)
         if head is None:
@@ -227,6 +275,8 @@ class EpisodicStore:
         """Conversations, newest first, at most ``limit``: the scoped tenant's (see
         :meth:`for_tenant`), else every one the connection may see. For the next page, pass
         the last one's id as ``before``."""
+        if not self._schema.current:
+            await self._check_schema()
         _check_limit(limit)
         cursor = parse_conversation_id(before) if before is not None else None
         return await retry_transient(
@@ -256,6 +306,8 @@ class EpisodicStore:
         client ids), since only then is a retry of a write that did commit harmless; otherwise
         it surfaces as :class:`TransientDatabaseError`, and the caller decides.
         """
+        if not self._schema.current:
+            await self._check_schema()
         cid = parse_conversation_id(conversation_id)
         if expected_seq is not None:
             _check_seq(expected_seq, "expected_seq")
@@ -280,6 +332,8 @@ class EpisodicStore:
         """Record that an agent run ended cleanly. Tool calls still waiting for a result are
         closed as abandoned: compaction can cut past them, loading pairs each with a
         synthetic error result, and a late result for one is refused."""
+        if not self._schema.current:
+            await self._check_schema()
         cid = parse_conversation_id(conversation_id)
         result = await self._backend.mark_run_completed(cid, self._abandoned_tokens, self.trigger)
         _raise_for_refusal(cid, result, expected_seq=None, key=None)
@@ -299,6 +353,8 @@ class EpisodicStore:
     ) -> list[StoredEvent]:
         """Events with seq > ``after_seq``, oldest first, at most ``limit`` (for audits and
         exports; the request path uses ``load_context``)."""
+        if not self._schema.current:
+            await self._check_schema()
         cid = parse_conversation_id(conversation_id)
         _check_seq(after_seq, "after_seq")
         _check_limit(limit)
@@ -343,6 +399,8 @@ class EpisodicStore:
         The summary is held to ``max_message_bytes``, like a message; every argument is checked
         before any SQL, and a wrong one is a :class:`ValidationError`.
         """
+        if not self._schema.current:
+            await self._check_schema()
         cid = parse_conversation_id(conversation_id)
         if expected_boundary_seq is not None:
             _check_seq(expected_boundary_seq, "expected_boundary_seq")
@@ -400,6 +458,8 @@ class EpisodicStore:
     ) -> tuple[Context, list[StoredEvent]]:
         """``load_context`` plus the raw events after the latest cut, for the compaction
         worker, which needs them to find a safe cut (still one statement)."""
+        if not self._schema.current:
+            await self._check_schema()
         cid = parse_conversation_id(conversation_id)
         loaded = await retry_transient(lambda: self._backend.load_tail(cid), safe=True)
         if loaded is None:
@@ -429,6 +489,8 @@ class EpisodicStore:
         one statement (``FOR UPDATE SKIP LOCKED`` on PostgreSQL): any number of workers can
         share the queue, and a crashed worker's lease simply expires. ``lease_seconds`` is
         above 0 and at most :data:`MAX_LEASE_SECONDS` (a week); ``limit`` at most 10,000."""
+        if not self._schema.current:
+            await self._check_schema()
         _check_lease(owner, lease_seconds)
         _check_limit(limit)
         return await self._backend.claim(owner, limit, lease_seconds)
@@ -443,6 +505,8 @@ class EpisodicStore:
     ) -> Claim | None:
         """Lease one conversation now, due or not, for an operator-forced compaction. None
         when a worker holds its lease; :class:`NotFoundError` when it does not exist."""
+        if not self._schema.current:
+            await self._check_schema()
         cid = parse_conversation_id(conversation_id)
         _check_lease(owner, lease_seconds)
         check_text(reason, field="reason", max_length=MAX_CLAIM_TEXT_LENGTH)
@@ -454,6 +518,8 @@ class EpisodicStore:
     async def listen_for_due(self, wake: Callable[[], None]) -> Closer | None:
         """Call ``wake`` whenever a conversation becomes due (PostgreSQL NOTIFY). Returns a
         coroutine function that stops listening, or None where only polling works."""
+        if not self._schema.current:
+            await self._check_schema()
         return await self._backend.listen_for_due(wake)
 
     async def end_attempt(
@@ -462,6 +528,8 @@ class EpisodicStore:
         """Finish an attempt that wrote no boundary: release the lease, schedule the retry or
         the dead state, and record the attempt, all fenced by the lease token. Returns the
         outcome recorded (``lease_lost`` when another worker holds the lease now)."""
+        if not self._schema.current:
+            await self._check_schema()
         scope = self._backend.tenant
         if scope is not None and claim.tenant_id != scope:
             raise TenantDeniedError(
@@ -474,11 +542,19 @@ class EpisodicStore:
     async def mark_due_by_age(self) -> int:
         """The periodic sweep: mark due the conversations whose context is old enough for the
         age rule. Returns how many became due."""
+        if not self._schema.current:
+            await self._check_schema()
         return await self._backend.mark_due_by_age(self.trigger)
 
-    async def compaction_status(self, *, recent: int = 10) -> CompactionStatus:
-        """Counts of due, leased, failing and dead conversations, and the latest attempts."""
-        return await retry_transient(lambda: self._backend.status(recent), safe=True)
+    async def compaction_status(self, *, recent: int = 10, limit: int = 50) -> CompactionStatus:
+        """Counts of due, leased, failing and dead conversations, up to ``limit`` of those
+        conversations (dead first, then leased, failing, due), and the ``recent`` latest
+        attempts. The scoped tenant's only, for a scoped store."""
+        if not self._schema.current:
+            await self._check_schema()
+        check_int(recent, field="recent", low=0, high=MAX_READ_LIMIT)
+        check_int(limit, field="limit", low=0, high=MAX_READ_LIMIT)
+        return await retry_transient(lambda: self._backend.status(recent, limit), safe=True)
 
     async def pressure(
         self, conversation_id: UUID | str, *, now: datetime | None = None

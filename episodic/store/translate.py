@@ -14,8 +14,11 @@ from contextlib import contextmanager
 from sqlalchemy import exc as sa_exc
 
 from episodic.errors import (
-    ConfigurationError,
+    DatabaseUnavailableError,
+    EpisodicError,
+    IntegrityViolationError,
     LockTimeoutError,
+    SchemaNotMigratedError,
     TenantDeniedError,
     TransientDatabaseError,
     ValidationError,
@@ -27,12 +30,28 @@ TRANSIENT_SQLSTATES = {"40001", "40P01", "53300", "57014"}
 LOCK_NOT_AVAILABLE = "55P03"
 NOT_MIGRATED_SQLSTATES = {"42P01", "42883"}  # undefined table, undefined function
 PRIVILEGE_SQLSTATE = "42501"
+#: Integrity constraint violations: the store checks for every one it expects (a taken id, a
+#: reused key), so one that reaches here means a row was changed outside episodic.
+INTEGRITY_SQLSTATE_CLASS = "23"
+#: What a server says when it will not let this client in, and what to do about each.
+#: (Too many clients and "starting up" stay plain transient errors: a moment later a
+#: retry connects.)
+CONNECTION_REFUSALS = {
+    "3D000": "create the database (createdb NAME, or CREATE DATABASE) or fix its name in the URL",
+    "28000": "create the role, or fix the user name in the URL",
+    "28P01": "check the password in the URL",
+    "42501": "grant the role CONNECT on the database, or connect as another role",
+}
 #: character not in repertoire, untranslatable character, numeric value out of range,
 #: datetime field overflow: input the database cannot store or compute with. The store checks
 #: its input first; these catch what slips past, such as a sum of bounded counts overflowing.
 UNSTORABLE_SQLSTATES = {"22021", "22P05", "22003", "22008"}
 
 _NOT_MIGRATED = "the episodic schema is missing or out of date: run `episodic migrate`"
+_UNREACHABLE = (
+    "check the host and port in the URL (EPISODIC_DATABASE_URL or --database-url) and that "
+    "the server is running and accepts TCP connections"
+)
 
 
 def _sqlstate(exc: BaseException) -> str | None:
@@ -55,11 +74,53 @@ _DEAD_CONNECTION_ERRORS = ("ConnectionDoesNotExistError", "InternalClientError",
 _DEAD_CONNECTION_WORDS = ("connection is closed", "connection was closed", "cannot switch to state")
 
 
-def _translate(exc: BaseException) -> BaseException | None:
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def connection_refused(exc: BaseException, url: str) -> DatabaseUnavailableError | None:
+    """``exc``, raised while opening a connection to ``url`` (masked), as the error that says
+    what to do about it; None when it is not a refusal of the connection (the caller then
+    translates it as any other error). Only for connection attempts: a 42501 or an OSError
+    in the middle of a session means something else."""
+    state = _sqlstate(exc)
+    if state is not None:
+        advice = CONNECTION_REFUSALS.get(state)
+        if advice is None:
+            return None
+        return DatabaseUnavailableError(
+            f"cannot connect to {url}: {_one_line(exc)}; {advice}", url=url
+        )
+    if isinstance(exc, TimeoutError):
+        return DatabaseUnavailableError(
+            f"cannot connect to {url}: no answer in time; {_UNREACHABLE}", url=url
+        )
+    if isinstance(exc, OSError):
+        return DatabaseUnavailableError(
+            f"cannot connect to {url}: {_one_line(exc)}; {_UNREACHABLE}", url=url
+        )
+    return None
+
+
+def _translate(exc: BaseException, url: str | None) -> BaseException | None:
+    if isinstance(exc, EpisodicError):
+        return None  # already ours (a refused connection, translated where it was made)
     state = _sqlstate(exc)
     if state is not None:
         if state in NOT_MIGRATED_SQLSTATES:
-            return ConfigurationError(f"{_NOT_MIGRATED} ({exc})")
+            return SchemaNotMigratedError(
+                f"{_NOT_MIGRATED} ({_one_line(exc)})", revision=None, expected=None
+            )
+        if state.startswith(INTEGRITY_SQLSTATE_CLASS):
+            constraint = getattr(exc, "constraint_name", None) or getattr(
+                getattr(exc, "orig", None), "constraint_name", None
+            )
+            return IntegrityViolationError(
+                f"the database refused the write ({_one_line(exc)}): episodic's tables were "
+                "probably changed outside episodic; nothing was written",
+                constraint=constraint if isinstance(constraint, str) else None,
+            )
         if state in UNSTORABLE_SQLSTATES:
             return ValidationError(f"the database cannot store this input: {exc}")
         if state == LOCK_NOT_AVAILABLE:
@@ -73,10 +134,22 @@ def _translate(exc: BaseException) -> BaseException | None:
     if isinstance(orig, sqlite3.OperationalError):
         text = str(orig)
         if "no such table" in text:
-            return ConfigurationError(f"{_NOT_MIGRATED} ({text})")
+            return SchemaNotMigratedError(f"{_NOT_MIGRATED} ({text})", revision=None, expected=None)
         if "locked" in text or "busy" in text:
             return TransientDatabaseError(f"SQLite database is busy: {text}")
+        if "unable to open" in text:
+            where = url or "file"
+            return DatabaseUnavailableError(
+                f"cannot open the SQLite database {where}: {text}; check that the path is "
+                "right and that its directory exists and is writable",
+                url=where,
+            )
         return None
+    if isinstance(orig, sqlite3.IntegrityError):
+        return IntegrityViolationError(
+            f"the database refused the write ({orig}): episodic's tables were probably "
+            "changed outside episodic; nothing was written"
+        )
     if isinstance(exc, ConnectionError | OSError) or (
         isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
     ):
@@ -90,15 +163,16 @@ def _translate(exc: BaseException) -> BaseException | None:
 
 
 @contextmanager
-def translated_errors() -> Iterator[None]:
-    """Re-raise driver errors as episodic errors, ``from`` the original."""
+def translated_errors(url: str | None = None) -> Iterator[None]:
+    """Re-raise driver errors as episodic errors, ``from`` the original. ``url`` (masked) is
+    named in the error of a SQLite file that cannot be opened."""
     try:
         yield
     except Exception as exc:
-        translated = _translate(exc)
+        translated = _translate(exc, url)
         if translated is None:
             raise
         raise translated from exc
 
 
-__all__ = ["translated_errors"]
+__all__ = ["connection_refused", "translated_errors"]

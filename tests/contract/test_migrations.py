@@ -14,13 +14,21 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from episodic.store.engine import sqlalchemy_url
-from episodic.store.migrate import alembic_config
+from episodic.store.migrate import HEAD_REVISION, REVISIONS, alembic_config
 from episodic.store.schema import metadata
 from tests.conftest import _admin, _with_database
 
 
 def test_there_is_exactly_one_head() -> None:
     assert len(ScriptDirectory.from_config(alembic_config()).get_heads()) == 1
+
+
+def test_the_store_knows_every_revision_in_order() -> None:
+    """REVISIONS is what EpisodicStore.open() compares a database's revision against."""
+    script = ScriptDirectory.from_config(alembic_config())
+    history = [revision.revision for revision in script.walk_revisions()]
+    assert tuple(reversed(history)) == REVISIONS
+    assert script.get_current_head() == HEAD_REVISION
 
 
 def _check(connection: Connection) -> None:
@@ -36,14 +44,24 @@ async def _upgrade_and_check(url: str) -> set[str]:
         "from episodic import EpisodicStore\n"
         "async def main():\n"
         "    store = await EpisodicStore.open(sys.argv[1])\n"
-        "    await store.migrate()\n"
+        "    done = await store.migrate()\n"
+        "    print(done.before, done.after)\n"
         "    await store.close()\n"
         "asyncio.run(main())\n"
     )
     processes = [
-        await asyncio.create_subprocess_exec(sys.executable, "-c", script, url) for _ in range(3)
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-c", script, url, stdout=asyncio.subprocess.PIPE
+        )
+        for _ in range(3)
     ]
-    assert [await p.wait() for p in processes] == [0, 0, 0]
+    outputs = [(await p.communicate())[0].decode().strip() for p in processes]
+    assert [p.returncode for p in processes] == [0, 0, 0]
+    # Each read the revision it started from under the migration lock: exactly one created
+    # the schema, the others found it at head.
+    assert sorted(outputs) == sorted(
+        [f"None {HEAD_REVISION}", *[f"{HEAD_REVISION} {HEAD_REVISION}"] * 2]
+    )
     engine = create_async_engine(sqlalchemy_url(url), poolclass=NullPool)
     try:
         async with engine.connect() as conn:

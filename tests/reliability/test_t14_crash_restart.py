@@ -9,8 +9,8 @@ Pass criteria: 0 acknowledged appends lost; every append whose outcome was unkno
 0 or 1 times; the pool reconnects within 10 s of the restart; per conversation seq = 1..n
 with 0 gaps and 0 duplicates.
 
-Nightly only, 20 cycles (EPISODIC_T14_CYCLES=3 for a quick run):
-    EPISODIC_NIGHTLY=1 \
+Nightly only, 20 cycles (EPISODIC_TEST_T14_CYCLES=3 for a quick run):
+    EPISODIC_TEST_NIGHTLY=1 \
     EPISODIC_TEST_DATABASE_URL=postgresql+asyncpg://postgres@127.0.0.1:5432/postgres \
     .venv/bin/pytest tests/reliability/test_t14_crash_restart.py -q -s
 """
@@ -19,14 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import pwd
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from uuid import UUID
 
 import pytest
@@ -34,75 +28,22 @@ import pytest
 from episodic import EpisodicStore, Message, TransientDatabaseError
 from episodic.settings import EpisodicSettings
 from tests.reliability.sizes import NIGHTLY, seeded
+from tests.support_cluster import Cluster, private_cluster
 
-BIN = Path("/usr/lib/postgresql/15/bin")
-CYCLES = int(os.environ.get("EPISODIC_T14_CYCLES", "20"))
+CYCLES = int(os.environ.get("EPISODIC_TEST_T14_CYCLES", "20"))
 WRITERS = 4
 CONVERSATIONS = 2
 
 pytestmark = pytest.mark.skipif(
-    not NIGHTLY, reason="T14 owns and crashes a PostgreSQL cluster: nightly (EPISODIC_NIGHTLY=1)"
+    not NIGHTLY,
+    reason="T14 owns and crashes a PostgreSQL cluster: nightly (EPISODIC_TEST_NIGHTLY=1)",
 )
-
-
-def _as_postgres(*command: str) -> subprocess.CompletedProcess[str]:
-    prefix = [] if os.geteuid() != 0 else ["runuser", "-u", "postgres", "--"]
-    return subprocess.run([*prefix, *command], check=True, capture_output=True, text=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Cluster:
-    def __init__(self, root: Path, port: int) -> None:
-        self.data = root / "data"
-        self.log = root / "server.log"
-        self.port = port
-
-    def start(self) -> None:
-        _as_postgres(
-            str(BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-o",
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -c fsync=on "
-            f"-c unix_socket_directories={self.data}",
-            "start",
-        )  # fmt: skip
-
-    def crash(self) -> None:
-        _as_postgres(str(BIN / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
-
-    def stop(self) -> None:
-        subprocess.run(
-            ["runuser", "-u", "postgres", "--", str(BIN / "pg_ctl"), "-D", str(self.data),
-             "-m", "fast", "stop"],
-            capture_output=True,
-        )  # fmt: skip
-
-    @property
-    def url(self) -> str:
-        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/postgres"
 
 
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
-    if not (BIN / "initdb").exists():
-        pytest.skip(f"no PostgreSQL server binaries in {BIN}")
-    try:
-        pwd.getpwnam("postgres")
-    except KeyError:
-        pytest.skip("no postgres OS user to run a private cluster as")
-    root = Path(tempfile.mkdtemp(prefix="episodic-t14-"))
-    shutil.chown(root, "postgres")
-    made = Cluster(root, _free_port())
-    _as_postgres(str(BIN / "initdb"), "-D", str(made.data), "-U", "postgres", "-A", "trust")
-    made.start()
-    try:
+    with private_cluster() as made:
         yield made
-    finally:
-        made.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 async def _writer(
@@ -134,7 +75,7 @@ async def test_t14_no_acknowledged_append_is_lost_across_crashes(cluster: Cluste
     seed = 14
     rng = seeded(seed)
     settings = EpisodicSettings(_env_file=None, pool_min_size=1, pool_max_size=WRITERS)
-    store = await EpisodicStore.open(cluster.url, settings=settings)
+    store = await EpisodicStore.open(cluster.url(), settings=settings)
     try:
         await store.migrate()
         convs = [await store.create_conversation() for _ in range(CONVERSATIONS)]
