@@ -1,36 +1,54 @@
-"""The ``episodic`` command line: thin commands over the library."""
+"""The ``episodic`` command line: thin commands over the library.
+
+Every failure a person can fix (a bad option or setting, an unreachable database, an
+unmigrated schema, an unknown conversation) is one line on stderr and a non-zero exit; the
+traceback is only shown with ``--debug``. Everything printed that came from the log goes
+through :mod:`episodic.display`, so stored text cannot drive the terminal.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+import traceback
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from episodic.demo import run_demo
+from episodic import __version__
+from episodic.display import describe_event, describe_message, event_kind, short_id, shown
 from episodic.errors import EpisodicError
-from episodic.models import BoundaryEvent, Message, MessageEvent, RunCompletedEvent, StoredEvent
 from episodic.settings import EpisodicSettings, load_settings
 from episodic.store import EpisodicStore
-from episodic.worker import WorkerMetrics, compact_claimed
-from episodic.worker.setup import worker_from_settings
 
 app = typer.Typer(
     name="episodic",
     help="A durable, append-only episodic history for AI-agent conversations.",
-    no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
-console = Console()
+console = Console(highlight=False)
+errors = Console(stderr=True, highlight=False, soft_wrap=True)
 T = TypeVar("T")
+
+#: Set by ``--debug``: failures print their traceback too.
+_debug = False
+
+#: The CLI options that set a setting, for messages that name the option a person typed.
+OPTION_OF_SETTING = {
+    "database_url": "--database-url",
+    "worker_concurrency": "--concurrency",
+    "metrics_port": "--metrics-port",
+}
 
 DatabaseUrlOption = Annotated[
     str | None,
@@ -51,68 +69,95 @@ TenantOption = Annotated[
     ),
 ]
 
+WideOption = Annotated[
+    bool, typer.Option("--wide", help="Print whole conversation ids and texts (wider than 80).")
+]
 
-def _settings() -> EpisodicSettings:
-    try:
-        return load_settings()
-    except EpisodicError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(1) from exc
+
+def _print_version(value: bool) -> None:
+    if value:
+        console.print(f"episodic {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="On failure, print the traceback too.")
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
+    """A durable, append-only episodic history for AI-agent conversations."""
+    global _debug
+    _debug = debug
+
+
+def _settings(**overrides: Any) -> EpisodicSettings:
+    """The settings, with the options given on the command line on top (validated alike)."""
+    return load_settings(overrides, flags=OPTION_OF_SETTING)
 
 
 def _scoped(store: EpisodicStore, tenant: str | None) -> EpisodicStore:
     return store.for_tenant(tenant) if tenant is not None else store
 
 
-def _run(
-    work: Callable[[EpisodicStore], Awaitable[T]],
-    database_url: str | None,
-    settings: EpisodicSettings | None = None,
-) -> T:
+def _run(work: Callable[[EpisodicStore], Awaitable[T]], settings: EpisodicSettings) -> T:
     async def main() -> T:
-        config = settings or load_settings()
-        store = await EpisodicStore.open(database_url or config.database_url, settings=config)
+        store = await EpisodicStore.open(settings.database_url, settings=settings)
         try:
             return await work(store)
         finally:
             await store.close()
 
-    try:
-        return asyncio.run(main())
-    except EpisodicError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(1) from exc
+    return asyncio.run(main())
 
 
 @app.command()
 def migrate(database_url: DatabaseUrlOption = None) -> None:
     """Create or upgrade episodic's tables (alembic upgrade head). Safe to run from many
     processes at once."""
+    settings = _settings(database_url=database_url)
 
-    async def work(store: EpisodicStore) -> None:
-        await store.migrate()
+    async def work(store: EpisodicStore) -> str:
+        done = await store.migrate()
+        where = store.location
+        if done.before is None:
+            return f"created the episodic schema at revision {done.after} in {where}"
+        if done.changed:
+            return f"upgraded the episodic schema from {done.before} to {done.after} in {where}"
+        return f"the episodic schema in {where} is up to date (revision {done.after})"
 
-    _run(work, database_url)
-    console.print("schema is up to date")
+    console.print(Text(_run(work, settings)))
 
 
 @app.command()
 def show(
     conversation_id: Annotated[str, typer.Argument(help="The conversation's UUID.")],
     database_url: DatabaseUrlOption = None,
-    after_seq: Annotated[int, typer.Option(help="Show events after this seq.")] = 0,
-    limit: Annotated[int, typer.Option(help="Show at most this many events.")] = 200,
-    width: Annotated[int, typer.Option(help="Characters of each event to show.")] = 160,
+    after_seq: Annotated[int, typer.Option(min=0, help="Show events after this seq.")] = 0,
+    limit: Annotated[
+        int, typer.Option(min=1, max=10_000, help="Show at most this many events.")
+    ] = 200,
+    width: Annotated[
+        int, typer.Option(min=1, help="Characters of each event's content to show.")
+    ] = 160,
     context: Annotated[
         bool, typer.Option("--context", help="Show what the model would see: load_context().")
     ] = False,
     max_tool_result_tokens: Annotated[
-        int | None, typer.Option(help="With --context: cut longer tool results, as at load.")
+        int | None,
+        typer.Option(min=1, help="With --context: cut longer tool results, as at load."),
     ] = None,
     tenant: TenantOption = None,
 ) -> None:
     """Print a conversation's head counters and its events, or with --context the messages
     the next request would load, with token counts."""
+    settings = _settings(database_url=database_url)
 
     async def work(store: EpisodicStore) -> None:
         store = _scoped(store, tenant)
@@ -122,10 +167,13 @@ def show(
         head = await store.get_conversation(conversation_id)
         events = await store.read_events(conversation_id, after_seq=after_seq, limit=limit)
         console.print(
-            f"[bold]{head.conversation_id}[/bold]  tenant={escape(head.tenant_id)}  "
-            f"last_seq={head.last_seq}  context≈{head.context_tokens:,} tokens  "
-            f"user messages={head.total_user_messages}  "
-            f"open tool calls={len(head.open_tool_calls)}"
+            Text.assemble(
+                (str(head.conversation_id), "bold"),
+                f"  tenant={shown(head.tenant_id, 40)}  last_seq={head.last_seq}  "
+                f"context≈{head.context_tokens:,} tokens  "
+                f"user messages={head.total_user_messages}  "
+                f"open tool calls={len(head.open_tool_calls)}",
+            )
         )
         table = Table(show_lines=False)
         for column in ("seq", "at", "kind", "tokens", "content"):
@@ -134,13 +182,61 @@ def show(
             table.add_row(
                 str(event.seq),
                 event.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-                _kind(event),
+                event_kind(event),
                 str(event.token_estimate),
-                Text(_describe(event)[:width]),
+                Text(shown(describe_event(event), width)),
             )
         console.print(table)
+        shown_through = events[-1].seq if events else after_seq
+        if shown_through < head.last_seq:
+            console.print(
+                Text(
+                    f"showing {len(events)} events through seq {shown_through} of "
+                    f"{head.last_seq}; for the next ones: episodic show {head.conversation_id} "
+                    f"--after-seq {shown_through}"
+                )
+            )
 
-    _run(work, database_url)
+    _run(work, settings)
+
+
+@app.command(name="list")
+def list_(
+    database_url: DatabaseUrlOption = None,
+    tenant: TenantOption = None,
+    limit: Annotated[
+        int, typer.Option(min=1, max=10_000, help="List at most this many conversations.")
+    ] = 50,
+    before: Annotated[
+        str | None,
+        typer.Option(help="Continue after this conversation (the last of the previous page)."),
+    ] = None,
+    wide: WideOption = False,
+) -> None:
+    """List conversations, newest first, a page at a time."""
+    settings = _settings(database_url=database_url)
+
+    async def work(store: EpisodicStore) -> None:
+        store = _scoped(store, tenant)
+        page = await store.list_conversations(limit=limit, before=before)
+        table = _plain_table("conversation", "tenant", "created", "seq", "tokens", "state")
+        for head in page:
+            table.add_row(
+                short_id(head.conversation_id, wide=wide),
+                Text(shown(head.tenant_id, None if wide else 12)),
+                head.created_at.strftime("%Y-%m-%d %H:%M"),
+                str(head.last_seq),
+                f"{head.context_tokens:,}",
+                _state_of(head.due_since, head.dead_since, head.lease_expires_at),
+            )
+        console.print(table)
+        if len(page) == limit:
+            last = page[-1].conversation_id
+            console.print(Text(f"more: episodic list --before {last}"))
+        elif not page:
+            console.print("no conversations")
+
+    _run(work, settings)
 
 
 @app.command()
@@ -168,14 +264,16 @@ def worker(
 ) -> None:
     """Run the compaction worker: claim due conversations, summarize, write boundaries. Stops
     gracefully on SIGTERM/SIGINT. Run as many as you like, on as many machines."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    settings = _settings()
-    if concurrency is not None:
-        settings = settings.model_copy(update={"worker_concurrency": concurrency})
+    from episodic.worker import WorkerMetrics
+    from episodic.worker.setup import worker_from_settings
+
+    settings = _settings(
+        database_url=database_url, worker_concurrency=concurrency, metrics_port=metrics_port
+    )
+    _log_with_timestamps()
     metrics = WorkerMetrics()
-    port = metrics_port if metrics_port is not None else settings.metrics_port
-    if port is not None:
-        metrics.serve(port)
+    if settings.metrics_port is not None:
+        metrics.serve(settings.metrics_port)
 
     async def work(store: EpisodicStore) -> None:
         runner = worker_from_settings(store, settings, metrics=metrics)
@@ -187,38 +285,76 @@ def worker(
         runner.install_signal_handlers()
         await runner.run()
 
-    _run(work, database_url, settings)
+    _run(work, settings)
 
 
 @app.command()
 def status(
     database_url: DatabaseUrlOption = None,
-    recent: Annotated[int, typer.Option(help="How many recent attempts to list.")] = 10,
+    recent: Annotated[
+        int, typer.Option(min=0, max=10_000, help="How many recent attempts to list.")
+    ] = 10,
+    limit: Annotated[
+        int, typer.Option(min=0, max=10_000, help="How many queued conversations to list.")
+    ] = 20,
+    tenant: TenantOption = None,
+    wide: WideOption = False,
 ) -> None:
-    """Compaction status: due, leased, failing and dead conversations, and recent attempts."""
+    """Compaction status: the due, leased, failing and dead conversations (dead first) with
+    their errors, and the latest attempts."""
+    settings = _settings(database_url=database_url)
 
     async def work(store: EpisodicStore) -> None:
-        state = await store.compaction_status(recent=recent)
+        state = await _scoped(store, tenant).compaction_status(recent=recent, limit=limit)
         console.print(
             f"due={state.due}  leased={state.leased}  failing={state.failing}  dead={state.dead}"
         )
-        table = Table()
-        for column in ("finished", "conversation", "reason", "outcome", "tokens", "error"):
-            table.add_column(column, overflow="fold")
-        for row in state.recent_attempts:
-            before, after = row["tokens_before"], row["tokens_after"]
-            tokens = f"{before} → {after}" if after is not None else str(before or "")
-            table.add_row(
-                row["finished_at"].strftime("%Y-%m-%d %H:%M:%S"),
-                str(row["conversation_id"]),
-                Text(str(row["reason"])),
-                Text(str(row["outcome"])),
-                tokens,
-                Text(str(row["error"] or "")),
-            )
-        console.print(table)
+        narrow = None if wide else 16
+        if state.conversations:
+            queue = _plain_table("conversation", "tenant", "state", "reason", "tries", "next")
+            for entry in state.conversations:
+                queue.add_row(
+                    short_id(entry.conversation_id, wide=wide),
+                    Text(shown(entry.tenant_id, None if wide else 12)),
+                    entry.state,
+                    Text(shown(entry.reason, narrow)),
+                    str(entry.attempts),
+                    _when(entry.next_attempt_at if entry.state != "leased" else None, wide),
+                )
+            console.print()
+            console.print(queue)
+            failed = [entry for entry in state.conversations if entry.last_error]
+            if failed:
+                console.print()
+                console.print("last errors")
+                for entry in failed:
+                    line = f"{short_id(entry.conversation_id, wide=wide)}  "
+                    room = None if wide else max(console.width - len(line), 20)
+                    console.print(Text(line + shown(entry.last_error, room)), soft_wrap=wide)
+            shown_count = len(state.conversations)
+            if shown_count == limit and shown_count < state.due + state.dead:
+                console.print(f"first {limit} listed; --limit N lists more")
+        if state.recent_attempts:
+            columns = ["finished", "conversation", "reason", "outcome", "tokens"]
+            attempts = _plain_table(*columns, *(["error"] if wide else []))
+            for row in state.recent_attempts:
+                before, after = row["tokens_before"], row["tokens_after"]
+                tokens = f"{before}→{after}" if after is not None else str(before or "")
+                cells: list[str | Text] = [
+                    _when(row["finished_at"], wide),
+                    short_id(row["conversation_id"], wide=wide),
+                    Text(shown(str(row["reason"]), narrow)),
+                    Text(shown(str(row["outcome"]))),
+                    tokens,
+                ]
+                if wide:
+                    cells.append(Text(shown(row["error"])))
+                attempts.add_row(*cells)
+            console.print()
+            console.print("recent attempts")
+            console.print(attempts)
 
-    _run(work, database_url)
+    _run(work, settings)
 
 
 @app.command()
@@ -229,9 +365,12 @@ def compact(
 ) -> None:
     """Compact one conversation now, due or not (a boundary with reason manual_recovery),
     with the summarizer the settings name."""
-    settings = _settings()
+    from episodic.worker import compact_claimed
+    from episodic.worker.setup import worker_from_settings
 
-    async def work(store: EpisodicStore) -> None:
+    settings = _settings(database_url=database_url)
+
+    async def work(store: EpisodicStore) -> bool:
         store = _scoped(store, tenant)
         runner = worker_from_settings(store, settings)
         owner = f"cli:{runner.worker_id}"
@@ -239,20 +378,22 @@ def compact(
             conversation_id, owner, lease_seconds=runner.lease_seconds
         )
         if claim is None:
-            console.print("a worker is compacting this conversation right now; try again later")
-            raise typer.Exit(1)
+            errors.print("error: a worker is compacting this conversation right now; try later")
+            return False
         result = await compact_claimed(
             store, runner.summarizer, claim, worker=owner, options=runner.options
         )
         console.print(
-            f"{result.outcome}: ≈{result.tokens_before or 0:,} → "
-            f"≈{result.tokens_after if result.tokens_after is not None else '?'} tokens"
-            + (f" ({escape(result.error)})" if result.error else "")
+            Text(
+                f"{result.outcome}: ≈{result.tokens_before or 0:,} → "
+                f"≈{result.tokens_after if result.tokens_after is not None else '?'} tokens"
+                + (f" ({shown(result.error, 200)})" if result.error else "")
+            )
         )
-        if result.outcome not in ("succeeded", "fallback", "nothing_to_compact"):
-            raise typer.Exit(1)
+        return result.outcome in ("succeeded", "fallback", "nothing_to_compact")
 
-    _run(work, database_url, settings)
+    if not _run(work, settings):
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -268,11 +409,9 @@ def demo(
 ) -> None:
     """Play a long agent session into a SQLite file, let the worker compact it, and show the
     raw log beside the context the next request would load. No server, no API key."""
-    try:
-        asyncio.run(run_demo(directory, console=console, settings=_settings()))
-    except EpisodicError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(1) from exc
+    from episodic.demo import run_demo
+
+    asyncio.run(run_demo(directory, console=console, settings=_settings()))
 
 
 async def _print_context(
@@ -283,8 +422,10 @@ async def _print_context(
     if ctx.boundary is not None:
         b = ctx.boundary
         console.print(
-            f"boundary at seq {b.seq} covers through seq {b.covers_through_seq} "
-            f"(reason {escape(b.reason)}, {b.retention}, {len(b.retained)} retained)"
+            Text(
+                f"boundary at seq {b.seq} covers through seq {b.covers_through_seq} "
+                f"(reason {shown(b.reason, 40)}, {b.retention}, {len(b.retained)} retained)"
+            )
         )
     else:
         console.print("no boundary: the context is the whole history")
@@ -304,41 +445,88 @@ async def _print_context(
             seq,
             message.role,
             str(message.token_estimate or 0),
-            Text(_describe_message(message)[:width]),
+            Text(shown(describe_message(message), width)),
         )
     console.print(table)
 
 
-def _kind(event: StoredEvent) -> str:
-    if isinstance(event, MessageEvent):
-        return event.message.role
-    return event.kind
+def _state_of(
+    due_since: datetime | None, dead_since: datetime | None, lease_expires_at: datetime | None
+) -> str:
+    if dead_since is not None:
+        return "dead"
+    if lease_expires_at is not None and lease_expires_at > datetime.now(lease_expires_at.tzinfo):
+        return "leased"
+    return "due" if due_since is not None else ""
 
 
-def _describe(event: StoredEvent) -> str:
-    if isinstance(event, MessageEvent):
-        return _describe_message(event.message)
-    if isinstance(event, RunCompletedEvent):
-        abandoned = ", ".join(event.abandoned_tool_call_ids) or "none"
-        return f"run completed; abandoned calls: {abandoned}"
-    if isinstance(event, BoundaryEvent):
-        return f"boundary through seq {event.covers_through_seq} ({event.reason}): {event.summary}"
-    return ""
+def _plain_table(*columns: str) -> Table:
+    """A borderless table whose cells never wrap: rows stay one line each (what a cut
+    dropped is marked with an ellipsis)."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in columns:
+        table.add_column(column, no_wrap=True, overflow="ellipsis")
+    return table
 
 
-def _describe_message(message: Message) -> str:
-    parts = [message.text] if message.text else []
-    if message.tool_calls:
-        calls = ", ".join(f"{c.name}#{c.id}({c.arguments_text()})" for c in message.tool_calls)
-        parts.append(f"calls {calls}")
-    if message.role == "tool":
-        status = "error" if message.is_error else "ok"
-        parts.insert(0, f"result #{message.tool_call_id} {message.name or ''} {status}:")
-    return " ".join(parts).replace("\n", " ")
+def _when(moment: datetime | None, wide: bool) -> str:
+    if moment is None:
+        return ""
+    return moment.strftime("%Y-%m-%d %H:%M:%S" if wide else "%m-%d %H:%M")
+
+
+class _LowercaseLevel(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {shown(record.getMessage())}"
+
+
+def _log_one_line() -> None:
+    """Warnings and errors of the library (a setting nobody knows, ...) as one line each."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LowercaseLevel())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+
+
+def _log_with_timestamps() -> None:
+    """The worker's log: every line timestamped, INFO and up."""
+    root = logging.getLogger()
+    for handler in root.handlers:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root.setLevel(logging.INFO)
+
+
+def _fail(message: str, exc: BaseException, code: int) -> int:
+    errors.print(Text(f"error: {shown(message)}"))
+    if _debug:
+        errors.print(Text("".join(traceback.format_exception(exc))))
+    return code
 
 
 def main() -> None:
-    app()
+    """The console script: run the command, turn every failure into one line and an exit
+    code (1 for a failed operation, 2 for a bad command line, 130 when interrupted)."""
+    _log_one_line()
+    try:
+        outcome = app(args=sys.argv[1:] or ["--help"], prog_name="episodic", standalone_mode=False)
+    except EpisodicError as exc:
+        code = _fail(str(exc), exc, 1)
+    except typer.TyperException as exc:  # a bad command line (click's usage errors)
+        context = getattr(exc, "ctx", None)
+        hint = f"; see {context.command_path} --help" if context is not None else ""
+        code = _fail(exc.format_message().rstrip(".") + hint, exc, exc.exit_code)
+    except typer.Abort as exc:
+        code = _fail("aborted", exc, 1)
+    except Exception as exc:
+        code = _fail(
+            f"unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)",
+            exc,
+            1,
+        )
+    else:
+        code = outcome if isinstance(outcome, int) else 0
+    sys.exit(code)
 
 
 __all__ = ["app", "main"]

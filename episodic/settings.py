@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import difflib
+import logging
+import os
+from typing import Any, Literal, Self
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -14,6 +17,11 @@ from episodic.policy import EpisodicCompactionConfig
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///episodic.db"
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+ENV_PREFIX = "EPISODIC_"
+#: Prefixes of variables that are not settings: the test suite's and the benchmarks' own.
+RESERVED_PREFIXES = ("EPISODIC_TEST_", "EPISODIC_BENCH_")
+
+logger = logging.getLogger(__name__)
 
 
 class EpisodicSettings(BaseSettings):
@@ -39,6 +47,13 @@ class EpisodicSettings(BaseSettings):
     )
     pool_min_size: int = Field(default=1, ge=0, description="PostgreSQL pool: idle connections.")
     pool_max_size: int = Field(default=10, gt=0, description="PostgreSQL pool: most connections.")
+    connect_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=3_600,
+        description="How long opening a database connection may take before it fails with "
+        "DatabaseUnavailableError.",
+    )
     lock_timeout_ms: int = Field(
         default=5_000,
         ge=0,
@@ -107,7 +122,23 @@ class EpisodicSettings(BaseSettings):
     shutdown_grace_seconds: float = Field(
         default=30.0, ge=0, description="On SIGTERM, how long in-flight attempts may finish."
     )
-    metrics_port: int | None = Field(default=None, description="Serve Prometheus metrics here.")
+    metrics_port: int | None = Field(
+        default=None, ge=1, le=65_535, description="Serve Prometheus metrics on this TCP port."
+    )
+
+    @model_validator(mode="after")
+    def _check_together(self) -> Self:
+        if self.pool_min_size > self.pool_max_size:
+            raise ValueError(
+                f"EPISODIC_POOL_MIN_SIZE ({self.pool_min_size}) is above "
+                f"EPISODIC_POOL_MAX_SIZE ({self.pool_max_size})"
+            )
+        if self.backoff_base_seconds > self.backoff_max_seconds:
+            raise ValueError(
+                f"EPISODIC_BACKOFF_BASE_SECONDS ({self.backoff_base_seconds}) is above "
+                f"EPISODIC_BACKOFF_MAX_SECONDS ({self.backoff_max_seconds})"
+            )
+        return self
 
     def compaction_config(self) -> CompactionConfig:
         """The compaction limits these settings describe."""
@@ -126,17 +157,72 @@ class EpisodicSettings(BaseSettings):
         )
 
 
-def load_settings() -> EpisodicSettings:
-    """The settings from the environment (and ``.env``); a bad value is a
-    :class:`ConfigurationError` naming the variable, not a pydantic traceback."""
+def load_settings(
+    overrides: dict[str, Any] | None = None, *, flags: dict[str, str] | None = None
+) -> EpisodicSettings:
+    """The settings from the environment (and ``.env``), with ``overrides`` (setting name to
+    value, e.g. from command-line options) on top. A bad value is a
+    :class:`ConfigurationError` naming the variable (or the option, from ``flags``: setting
+    name to option name), not a pydantic traceback. An ``EPISODIC_*`` variable that is no
+    setting (a typo, usually) is logged as a warning naming the closest one."""
+    warn_unknown_variables()
+    given = {name: value for name, value in (overrides or {}).items() if value is not None}
     try:
-        return EpisodicSettings()
+        return EpisodicSettings(**given)
     except PydanticValidationError as exc:
-        problems = "; ".join(
-            f"EPISODIC_{'_'.join(str(part) for part in error['loc']).upper()}: {error['msg']}"
-            for error in exc.errors()
-        )
+        problems = "; ".join(_problem(error, given, flags or {}) for error in exc.errors())
         raise ConfigurationError(f"invalid configuration: {problems}") from exc
 
 
-__all__ = ["DEFAULT_DATABASE_URL", "DEFAULT_MAX_MESSAGE_BYTES", "EpisodicSettings", "load_settings"]
+def _problem(error: Any, given: dict[str, Any], flags: dict[str, str]) -> str:
+    field = "_".join(str(part) for part in error["loc"])
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if not field:  # a rule over several settings
+        return message
+    variable = ENV_PREFIX + field.upper()
+    if field in given and field in flags:
+        return f"{flags[field]} ({variable}): {message}"
+    return f"{variable}: {message}"
+
+
+def known_variables() -> list[str]:
+    """The environment variable of every setting."""
+    return [ENV_PREFIX + name.upper() for name in EpisodicSettings.model_fields]
+
+
+def warn_unknown_variables() -> list[str]:
+    """Warn about each ``EPISODIC_*`` variable (in the environment or ``./.env``) that names
+    no setting, with the closest setting's name; returns the warnings."""
+    known = known_variables()
+    names = {name for name in os.environ if name.upper().startswith(ENV_PREFIX)}
+    names.update(name for name in _dotenv_names() if name.upper().startswith(ENV_PREFIX))
+    warnings: list[str] = []
+    for name in sorted(names):
+        upper = name.upper()
+        if upper in known or upper.startswith(RESERVED_PREFIXES):
+            continue
+        closest = difflib.get_close_matches(upper, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {closest[0]}?" if closest else ""
+        warnings.append(f"{name} is not an episodic setting and is ignored{hint}")
+    for warning in warnings:
+        logger.warning(warning)
+    return warnings
+
+
+def _dotenv_names() -> list[str]:
+    env_file = EpisodicSettings.model_config.get("env_file")
+    if not isinstance(env_file, str) or not os.path.isfile(env_file):
+        return []
+    from dotenv import dotenv_values  # pydantic-settings' own dependency
+
+    return [name for name in dotenv_values(env_file) if name]
+
+
+__all__ = [
+    "DEFAULT_DATABASE_URL",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "EpisodicSettings",
+    "known_variables",
+    "load_settings",
+    "warn_unknown_variables",
+]

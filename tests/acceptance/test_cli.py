@@ -8,12 +8,15 @@ import subprocess
 import sys
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from uuid import UUID
 
 import pytest
 
 from episodic import EpisodicStore, Message, ToolCall
+from episodic.store.attempts import AttemptEnd, AttemptRecord
+from episodic.store.migrate import HEAD_REVISION
 from tests.conftest import isolated_settings
 
 EPISODIC = Path(sys.executable).parent / "episodic"
@@ -35,7 +38,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     """The test process's environment without EPISODIC_* variables, wide enough that rich does
     not wrap, and UTF-8 output whatever the locale."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EPISODIC_")}
-    env.update(COLUMNS="200", PYTHONIOENCODING="utf-8", **extra)
+    env.update({"COLUMNS": "200", "PYTHONIOENCODING": "utf-8", **extra})
     return env
 
 
@@ -76,7 +79,7 @@ def test_a_bad_setting_is_named_not_a_traceback(tmp_path: Path) -> None:
     for command in (["status"], ["worker", "--once"]):
         result = run_cli(*command, cwd=tmp_path, env=env)
         assert result.code == 1, result.output
-        assert "EPISODIC_POOL_MAX_SIZE" in result.stdout
+        assert "EPISODIC_POOL_MAX_SIZE" in result.stderr
         assert "Traceback" not in result.output
 
 
@@ -102,11 +105,16 @@ def test_migrate_creates_the_schema(tmp_path: Path) -> None:
 
     first = run_cli("migrate", "--database-url", url, cwd=tmp_path)
     assert first.code == 0, first.output
-    assert "schema is up to date" in first.stdout
+    assert first.stdout.strip() == (
+        f"created the episodic schema at revision {HEAD_REVISION} in {url}"
+    )
     assert path.is_file()
 
     again = run_cli("migrate", "--database-url", url, cwd=tmp_path)
     assert again.code == 0, again.output
+    assert again.stdout.strip() == (
+        f"the episodic schema in {url} is up to date (revision {HEAD_REVISION})"
+    )
 
     async def use() -> int:
         store = await EpisodicStore.open(url, settings=isolated_settings())
@@ -124,8 +132,9 @@ def test_show_before_migrate_says_to_migrate(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}"
     result = run_cli("show", str(uuid.uuid4()), "--database-url", url, cwd=tmp_path)
     assert result.code == 1, result.output
-    assert "episodic migrate" in result.stdout
+    assert "episodic migrate" in result.stderr
     assert "Traceback" not in result.output
+    assert not (tmp_path / "empty.db").exists(), "show created the database file"
 
 
 # ---- show, on both backends ---------------------------------------------------------------
@@ -177,7 +186,7 @@ async def test_migrate_is_idempotent_on_a_migrated_database(
 ) -> None:
     result = await run_cli_async("migrate", "--database-url", populated.url, cwd=workdir)
     assert result.code == 0, result.output
-    assert "schema is up to date" in result.stdout
+    assert f"is up to date (revision {HEAD_REVISION})" in result.stdout
 
 
 async def test_show_prints_head_and_events(populated: Populated, workdir: Path) -> None:
@@ -223,7 +232,12 @@ async def test_show_pages_and_cuts(populated: Populated, workdir: Path) -> None:
     )
     assert result.code == 0, result.output
     events = table_rows(result.stdout)[1:]
-    assert [(row[0], row[4]) for row in events] == [("3", "result"), ("4", "Fixed")]
+    # A cut is marked with an ellipsis, within the width asked for.
+    assert [(row[0], row[4]) for row in events] == [("3", "resul…"), ("4", "Fixed…")]
+    cid = populated.conversation_id
+    assert result.stdout.splitlines()[-1] == (
+        f"showing 2 events through seq 4 of 5; for the next ones: episodic show {cid} --after-seq 4"
+    )
 
 
 async def test_show_reads_the_url_from_the_environment(populated: Populated, workdir: Path) -> None:
@@ -247,32 +261,32 @@ async def test_show_as_a_tenant_sees_only_that_tenants_conversations(
         "show", cid, "--tenant", "globex", "--database-url", populated.url, cwd=workdir
     )
     assert other.code == 1, other.output
-    assert "does not exist" in other.stdout
+    assert "does not exist" in other.stderr
 
 
 async def test_show_unknown_conversation(populated: Populated, workdir: Path) -> None:
     missing = str(uuid.uuid4())
     result = await run_cli_async("show", missing, "--database-url", populated.url, cwd=workdir)
     assert result.code == 1, result.output
-    assert "does not exist" in result.stdout
-    assert missing in result.stdout
+    assert "does not exist" in result.stderr
+    assert missing in result.stderr
     assert "Traceback" not in result.output
 
 
 @pytest.mark.parametrize(
-    ("args", "complaint"),
+    ("args", "complaint", "code"),
     [
-        pytest.param(["not-a-uuid"], "must be a UUID", id="not-a-uuid"),
-        pytest.param(["{id}", "--limit", "0"], "limit must be between", id="zero-limit"),
+        pytest.param(["not-a-uuid"], "must be a UUID", 1, id="not-a-uuid"),
+        pytest.param(["{id}", "--limit", "0"], "Invalid value for '--limit'", 2, id="zero-limit"),
     ],
 )
 async def test_show_refuses_bad_input(
-    populated: Populated, workdir: Path, args: list[str], complaint: str
+    populated: Populated, workdir: Path, args: list[str], complaint: str, code: int
 ) -> None:
     args = [a.format(id=populated.conversation_id) for a in args]
     result = await run_cli_async("show", *args, "--database-url", populated.url, cwd=workdir)
-    assert result.code == 1, result.output
-    assert complaint in result.stdout
+    assert result.code == code, result.output
+    assert complaint in result.stderr
     assert "Traceback" not in result.output
 
 
@@ -339,4 +353,128 @@ async def test_worker_status_and_compact_commands(populated: Populated, workdir:
     assert forced.stdout.startswith("succeeded")
     unknown = await run_cli_async("compact", str(uuid.uuid4()), *url, cwd=workdir, env=env)
     assert unknown.code == 1
-    assert "does not exist" in unknown.stdout
+    assert "does not exist" in unknown.stderr
+
+
+# ---- what an operator sees ------------------------------------------------------------------
+
+#: A tool output that, printed raw, would retitle the terminal (OSC 0), ring the bell, clear
+#: the screen and colour the rest red (CSI), and reverse the text after it (a bidi override).
+HOSTILE = "done\x1b]0;pwned\x07\x1b[2J\x1b[31mred\r\u202eevil\x9b0m [bold]markup[/bold]"
+
+
+async def test_show_never_sends_stored_escapes_to_the_terminal(
+    database_url: str, workdir: Path
+) -> None:
+    store = await EpisodicStore.open(database_url, settings=isolated_settings())
+    try:
+        cid = await store.create_conversation(tenant_id="acme\x1b[2J")
+        await store.append(
+            cid,
+            [
+                Message.user(HOSTILE),
+                Message.assistant(None, tool_calls=[ToolCall(id="c\x1b1", name="run\x07")]),
+                Message.tool_result("c\x1b1", HOSTILE, name="run\x07"),
+            ],
+        )
+    finally:
+        await store.close()
+    for extra in ([], ["--context"]):
+        result = await run_cli_async(
+            "show", str(cid), "--tenant", "acme\x1b[2J", *extra, "--database-url", database_url,
+            "--width", "400", cwd=workdir,
+        )  # fmt: skip
+        assert result.code == 0, result.output
+        raw = result.stdout.encode("utf-8")
+        for byte in (b"\x1b", b"\x07", b"\r", "\x9b".encode(), "\u202e".encode()):
+            assert byte not in raw, (byte, result.stdout)
+        # Shown, as escapes a person can read, and rich markup printed as text.
+        assert r"done\x1b]0;pwned\x07\x1b[2J\x1b[31mred\x0d\u202eevil\x9b0m" in result.stdout
+        assert "[bold]markup[/bold]" in result.stdout
+
+
+async def _failing_conversations(url: str, tenants: list[str]) -> list[UUID]:
+    """One conversation per tenant, each claimed and failed once with a hostile error."""
+    store = await EpisodicStore.open(url, settings=isolated_settings())
+    try:
+        made = [await store.create_conversation(tenant_id=tenant) for tenant in tenants]
+        for cid in made:
+            await store.append(cid, [Message.user("hello")])
+            claim = await store.claim_conversation(cid, "tester", lease_seconds=60)
+            assert claim is not None
+            now = datetime.now(UTC)
+            record = AttemptRecord(
+                conversation_id=cid,
+                attempt_id=uuid.uuid4(),
+                tenant_id=claim.tenant_id,
+                worker="tester",
+                reason=claim.reason,
+                outcome="failed",
+                started_at=now,
+                finished_at=now,
+                error=f"summarizer said no {HOSTILE}",
+            )
+            await store.end_attempt(claim, AttemptEnd(retry_in=600), record)
+        return made
+    finally:
+        await store.close()
+
+
+async def test_status_names_each_conversation_in_80_columns(
+    database_url: str, workdir: Path
+) -> None:
+    failing = await _failing_conversations(database_url, ["acme", "globex-corporation-eu"])
+    env = clean_env(COLUMNS="80")
+    result = await run_cli_async("status", "--database-url", database_url, cwd=workdir, env=env)
+    assert result.code == 0, result.output
+    assert "due=2  leased=0  failing=2  dead=0" in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    assert "\x1b" not in result.stdout
+    lines = [line.rstrip() for line in result.stdout.splitlines()]
+    words = [line.split() for line in lines]
+    header = words.index(["conversation", "tenant", "state", "reason", "tries", "next"])
+    listed = {line.split()[0]: line.split() for line in lines[header + 1 : header + 3]}
+    assert set(listed) == {str(cid)[:8] for cid in failing}
+    for cells in listed.values():
+        assert cells[2:5] == ["failing", "manual_recovery", "1"]
+    assert "globex-corp…" in result.stdout  # a long tenant is cut, visibly
+    errors = lines[lines.index("last errors") + 1 :][:2]
+    assert sorted(line.split()[0] for line in errors) == sorted(listed)
+    assert all(line.endswith("…") for line in errors)
+    assert r"summarizer said no done\x1b]0;pwned\x07" in result.stdout
+    wide = await run_cli_async(
+        "status", "--wide", "--database-url", database_url, cwd=workdir, env=clean_env()
+    )
+    assert wide.code == 0, wide.output
+    for cid in failing:
+        assert str(cid) in wide.stdout
+    assert "globex-corporation-eu" in wide.stdout
+    scoped = await run_cli_async(
+        "status", "--tenant", "acme", "--wide", "--database-url", database_url, cwd=workdir
+    )
+    assert "due=1  leased=0  failing=1  dead=0" in scoped.stdout
+    assert str(failing[0]) in scoped.stdout
+    assert str(failing[1]) not in scoped.stdout
+
+
+async def test_list_pages_conversations(database_url: str, workdir: Path) -> None:
+    store = await EpisodicStore.open(database_url, settings=isolated_settings())
+    try:
+        made = [await store.create_conversation(tenant_id="acme") for _ in range(3)]
+        await store.create_conversation(tenant_id="globex")
+    finally:
+        await store.close()
+    url = ["--database-url", database_url]
+    first = await run_cli_async(
+        "list", "--tenant", "acme", "--limit", "2", "--wide", *url, cwd=workdir
+    )
+    assert first.code == 0, first.output
+    page = [line.split()[0] for line in first.stdout.splitlines()[1:-1]]
+    assert page == [str(made[2]), str(made[1])]
+    assert first.stdout.splitlines()[-1] == f"more: episodic list --before {made[1]}"
+    rest = await run_cli_async(
+        "list", "--tenant", "acme", "--limit", "2", "--wide", "--before", str(made[1]), *url,
+        cwd=workdir,
+    )  # fmt: skip
+    assert [line.split()[0] for line in rest.stdout.splitlines()[1:]] == [str(made[0])]
+    assert "more:" not in rest.stdout
