@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from episodic.models import Message, TextBlock
+from episodic.models import EpisodicModel, Message, TextBlock
 from episodic.rendering import DEFAULT_REASONING_CHAR_CAP, render_message
 from episodic.tokens import TokenEstimator
 
@@ -54,7 +54,7 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 _TokenCount = Annotated[int, Field(ge=0)]
 
 
-class CompactionConfig(BaseModel):
+class CompactionConfig(EpisodicModel):
     """When to compact and how much goes into the summary request and the handoff.
 
     Defaults suit a 1M-token window; override them per model with :meth:`with_limits`.
@@ -93,7 +93,7 @@ class CompactionConfig(BaseModel):
         return self.model_validate(data)
 
 
-class CompactionRequest(BaseModel):
+class CompactionRequest(EpisodicModel):
     """What to send to the summarizer, with the numbers an attempt record wants."""
 
     model_config = _FROZEN
@@ -105,7 +105,7 @@ class CompactionRequest(BaseModel):
     request_tokens: int
 
 
-class HandoffPlan(BaseModel):
+class HandoffPlan(EpisodicModel):
     """What survives the compaction besides the summary: recent user texts, oldest first."""
 
     model_config = _FROZEN
@@ -114,7 +114,7 @@ class HandoffPlan(BaseModel):
     summary_prefix: str
 
 
-class PreparedCompaction(BaseModel):
+class PreparedCompaction(EpisodicModel):
     """A compaction that is due: the summarizer request and the plan to finalize."""
 
     model_config = _FROZEN
@@ -123,7 +123,7 @@ class PreparedCompaction(BaseModel):
     plan: HandoffPlan
 
 
-class FinalizedCompaction(BaseModel):
+class FinalizedCompaction(EpisodicModel):
     """The replacement for the compacted history: the handoff, then the retained messages."""
 
     model_config = _FROZEN

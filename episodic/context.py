@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from episodic.compaction import truncate_to_token_budget
 from episodic.errors import ConfigurationError
-from episodic.models import BoundaryEvent, Message, MessageEvent, StoredEvent
+from episodic.models import BoundaryEvent, EpisodicModel, Message, MessageEvent, StoredEvent
 from episodic.rendering import context_token_estimate
 from episodic.tokens import TokenEstimator
 
@@ -36,7 +36,7 @@ def missing_result(call_id: str, name: str | None) -> Message:
     return Message.tool_result(call_id, MISSING_RESULT_TEXT, name=name, is_error=True)
 
 
-class Context(BaseModel):
+class Context(EpisodicModel):
     """A conversation's context, ready for an agent loop.
 
     ``messages`` are the handoff (a user message) and the retained user messages when there is

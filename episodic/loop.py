@@ -17,17 +17,17 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, NamedTuple, Protocol, TypeAlias, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from episodic.compaction import DEFAULT_COMPACTION_PROMPT, TRANSCRIPT_HEADER
-from episodic.models import Message, Usage
+from episodic.models import EpisodicModel, Message, Usage
 from episodic.rendering import render_transcript
 
 #: The first line of the user message that carries an in-run summary.
 COMPACTED_CONTEXT_MARKER = "[Compacted earlier context]"
 
 
-class CompactionPlan(BaseModel):
+class CompactionPlan(EpisodicModel):
     """What to compact: keep ``messages[keep_from:]``, put ``summary`` (if any) before them,
     and count ``usage`` (the summarization call's) into the run once the result is accepted.
     """

@@ -7,6 +7,7 @@ has no field for are kept in ``native`` and given back).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal, Self, TypeAlias
@@ -14,6 +15,7 @@ from uuid import UUID
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import ValidationError as PydanticValidationError
 
 from episodic.errors import ValidationError
 
@@ -22,11 +24,150 @@ ROLES: tuple[Role, ...] = ("user", "assistant", "tool", "system")
 
 #: The ``native.protocol`` under which ``from_openai`` keeps keys it has no field for.
 OPENAI_CHAT_PROTOCOL = "openai.chat"
+#: chat-completions' newer name for the system role: read as ``system``, given back as is.
+DEVELOPER_ROLE = "developer"
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
+#: How many of pydantic's problems a refusal's message spells out; ``errors()`` has them all.
+_PROBLEMS_SHOWN = 3
 
-class TextBlock(BaseModel):
+
+class EpisodicModel(BaseModel):
+    """The base of episodic's models: building one from invalid data (the constructor,
+    ``model_validate``, ``model_validate_json``, ``model_validate_strings``) raises
+    :class:`episodic.errors.ValidationError`, never pydantic's own ``ValidationError``.
+    Its message is one line; its :meth:`~episodic.errors.ValidationError.errors` are
+    pydantic's details, one dict per problem.
+
+    NaN and infinity are refused wherever a float can go (tool-call ``args``, ``metadata``,
+    ``native`` data, raw blocks): JSON has neither, and the encoder would store them as null.
+    """
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    def __init__(self, /, **data: Any) -> None:
+        # BaseModel.__init__ is this same call (plus a warning for a model validator that
+        # returns another object, which episodic's never do): no extra frame on the hot path.
+        try:
+            self.__pydantic_validator__.validate_python(data, self_instance=self)
+        except PydanticValidationError as exc:
+            raise _refusal(type(self), exc) from None
+
+    # Tells pydantic this is not a custom __init__, so validating a nested model (or
+    # model_validate) fills the fields directly instead of calling it: same as BaseModel's.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    @classmethod
+    def model_validate(
+        cls,
+        obj: Any,
+        *,
+        strict: bool | None = None,
+        from_attributes: bool | None = None,
+        context: Any | None = None,
+        **options: Any,
+    ) -> Self:
+        try:
+            if not options:
+                # What BaseModel.model_validate does with these options, one frame less: this
+                # is on the hot path of append (prepare_batch) and of every event read back.
+                validated: Self = cls.__pydantic_validator__.validate_python(
+                    obj, strict=strict, from_attributes=from_attributes, context=context
+                )
+                return validated
+            return super().model_validate(
+                obj, strict=strict, from_attributes=from_attributes, context=context, **options
+            )
+        except PydanticValidationError as exc:
+            raise _refusal(cls, exc) from None
+
+    @classmethod
+    def model_validate_json(cls, json_data: str | bytes | bytearray, **options: Any) -> Self:
+        try:
+            return super().model_validate_json(json_data, **options)
+        except PydanticValidationError as exc:
+            raise _refusal(cls, exc) from None
+
+    @classmethod
+    def model_validate_strings(cls, obj: Any, **options: Any) -> Self:
+        try:
+            return super().model_validate_strings(obj, **options)
+        except PydanticValidationError as exc:
+            raise _refusal(cls, exc) from None
+
+
+def _refusal(model: type[BaseModel], exc: PydanticValidationError) -> ValidationError:
+    """Pydantic's refusal as episodic's: ``invalid Message: content: ... (1 problem)``."""
+    problems = exc.errors(include_url=False)
+    count = len(problems)
+    said = "; ".join(_problem_text(problem) for problem in problems[:_PROBLEMS_SHOWN])
+    if count > _PROBLEMS_SHOWN:
+        said += f"; and {count - _PROBLEMS_SHOWN} more"
+    noun = "problem" if count == 1 else "problems"
+    fields = {problem["loc"][0] if problem["loc"] else None for problem in problems}
+    field = fields.pop() if len(fields) == 1 else None
+    return ValidationError(
+        f"invalid {model.__name__}: {said} ({count} {noun})",
+        field=field if isinstance(field, str) else None,
+        details=problems,
+    )
+
+
+def _problem_text(problem: Mapping[str, Any]) -> str:
+    """One problem as ``path: what is wrong``; a validator's own words without pydantic's
+    ``Value error, `` prefix."""
+    loc = problem["loc"]
+    if problem["type"] == "finite_number":
+        path = _location_text(_json_value_location(loc))
+        value = problem.get("input")
+        what = "NaN" if isinstance(value, float) and math.isnan(value) else "infinite"
+        return f"{path} is {what}; JSON has no NaN or infinity"
+    message = str(problem["msg"])
+    error = (problem.get("ctx") or {}).get("error")
+    if problem["type"] == "value_error" and error is not None:
+        message = str(error)
+    message = " ".join(message.split())[:200]  # one line, and short
+    path = _location_text(loc)
+    return f"{path}: {message}" if path else message
+
+
+def _json_value_location(loc: Sequence[str | int]) -> list[str | int]:
+    """The location of a float inside a ``JsonValue`` without the union's tags: pydantic
+    says ``metadata.a.list[1].dict.b.float`` for ``metadata["a"][1]["b"]``. From the end,
+    each key is preceded by the tag ``dict`` and each index by ``list``, down to the field."""
+    parts = list(loc)
+    if parts and parts[-1] == "float":
+        parts.pop()
+    i = len(parts) - 1
+    while i >= 2 and parts[i - 1] == ("list" if isinstance(parts[i], int) else "dict"):
+        del parts[i - 1]
+        i -= 2
+    return parts
+
+
+#: A location longer than this is shortened in the message (nesting 1,000 levels deep says
+#: ``metadata.d.dict.k.dict.k...``); ``errors()`` keeps the whole ``loc``.
+_MAX_PATH_TEXT = 120
+
+
+def _location_text(loc: Iterable[str | int]) -> str:
+    """A location as a path: ``tool_calls[0].args.x``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif out and not part.startswith("["):  # pydantic's "[key]": the key was refused
+            out += f".{part}"
+        else:
+            out += part
+    if len(out) > _MAX_PATH_TEXT:
+        half = _MAX_PATH_TEXT // 2
+        out = f"{out[:half]}...{out[-half:]}"
+    return out
+
+
+class TextBlock(EpisodicModel):
     """A run of text inside block content."""
 
     model_config = _FROZEN
@@ -34,7 +175,7 @@ class TextBlock(BaseModel):
     text: str
 
 
-class ImageBlock(BaseModel):
+class ImageBlock(EpisodicModel):
     """An image, by URL (``data:`` URLs included). ``alt`` is what a summarizer sees."""
 
     model_config = _FROZEN
@@ -44,7 +185,7 @@ class ImageBlock(BaseModel):
     alt: str | None = None
 
 
-class RawBlock(BaseModel):
+class RawBlock(EpisodicModel):
     """A provider block episodic has no model for (audio, files...), kept verbatim."""
 
     model_config = _FROZEN
@@ -56,7 +197,7 @@ ContentBlock = Annotated[TextBlock | ImageBlock | RawBlock, Field(discriminator=
 Content: TypeAlias = str | tuple[ContentBlock, ...]
 
 
-class ToolCall(BaseModel):
+class ToolCall(EpisodicModel):
     """A call the assistant asked a tool to make.
 
     ``arguments_json`` keeps the provider's exact argument string when it is not simply the
@@ -84,7 +225,7 @@ MAX_TOKEN_COUNT = 10**15
 TokenCount: TypeAlias = Annotated[int, Field(ge=0, le=MAX_TOKEN_COUNT)]
 
 
-class Usage(BaseModel):
+class Usage(EpisodicModel):
     """Token usage a provider reported for one model call; each count is at most
     :data:`MAX_TOKEN_COUNT`."""
 
@@ -107,7 +248,7 @@ class Usage(BaseModel):
         )
 
 
-class NativePayload(BaseModel):
+class NativePayload(EpisodicModel):
     """The provider's own representation of a message, tagged with its protocol. Opaque or
     signed reasoning payloads live here and are never rendered for a summarizer."""
 
@@ -116,14 +257,19 @@ class NativePayload(BaseModel):
     data: dict[str, JsonValue]
 
 
-class Message(BaseModel):
+class Message(EpisodicModel):
     """One conversation message.
 
     Roles: ``user``, ``assistant`` (text and/or tool calls), ``tool`` (the result of one
-    call, ``tool_call_id`` required) and ``system``. ``reasoning`` is readable private
-    reasoning; ``client_id`` is the caller's own id for the message, unique within a
-    conversation, so a retried append cannot store it twice. ``seq``, ``created_at`` and
-    ``token_estimate`` are set on messages that come back from the store.
+    call, ``tool_call_id`` required) and ``system``. A system message appended to a
+    conversation is kept in the log (``read_events`` and ``episodic show`` have it) but never
+    loaded: ``load_context`` leaves it out, since the agent owns its system prompt, and its
+    token estimate is 0, so it adds nothing to the context's pressure. ``reasoning`` is
+    readable private reasoning; ``client_id`` is the caller's own id for the message, unique
+    within a conversation, so a retried append cannot store it twice. ``seq``,
+    ``created_at`` and ``token_estimate`` are set on messages that come back from the store.
+
+    Invalid fields raise :class:`episodic.errors.ValidationError` (a ``ValueError``).
     """
 
     model_config = _FROZEN
@@ -199,6 +345,9 @@ class Message(BaseModel):
 
     @classmethod
     def system(cls, content: str, **fields: Any) -> Message:
+        """A system message. Appended, it is kept in the log and shown, but never loaded:
+        ``load_context`` leaves it out (send your system prompt with each request) and it
+        counts 0 tokens towards the context."""
         return cls(role="system", content=content, **fields)
 
     # ---- views --------------------------------------------------------------------------
@@ -283,6 +432,8 @@ class Message(BaseModel):
         if self.native is not None and self.native.protocol == OPENAI_CHAT_PROTOCOL:
             for key, value in self.native.data.items():
                 out.setdefault(key, value)
+            if self.role == "system" and self.native.data.get("role") == DEVELOPER_ROLE:
+                out["role"] = DEVELOPER_ROLE
         return out
 
     @classmethod
@@ -297,19 +448,27 @@ class Message(BaseModel):
             raise ValidationError(
                 f"a chat-completions message must be a mapping, not {type(data).__name__}"
             )
+        fields = _fields_from_openai(dict(data), tool_name)  # episodic's own checks
         try:
-            return cls.model_validate(_fields_from_openai(dict(data), tool_name))
-        except ValidationError:
-            raise
-        except ValueError as exc:  # pydantic's, from the blocks and calls as much as the message
-            raise ValidationError(f"not a valid chat-completions message: {exc}") from exc
+            # One validation, of the blocks, calls and native payload too (given as dicts),
+            # so a refusal names the whole path: ``tool_calls[0].id``.
+            return cls.model_validate(fields)
+        except ValidationError as exc:
+            raise ValidationError(
+                f"not a valid chat-completions message: {exc}",
+                field=exc.field,
+                details=exc.errors(),
+            ) from None
 
 
 def _fields_from_openai(extra: dict[Any, Any], tool_name: str | None) -> dict[str, Any]:
     """``Message`` fields from a chat-completions dict; ``extra`` keeps what has no field."""
     role = extra.pop("role", None)
-    if role == "developer":
+    if role == DEVELOPER_ROLE:
+        # The newer name for a system message. Episodic has one role for both; the word is
+        # kept with the other chat-completions keys, and to_openai gives it back.
         role = "system"
+        extra["role"] = DEVELOPER_ROLE
     if role not in ROLES:
         raise ValidationError(
             f"unknown role {role!r:.80}; expected one of {', '.join(ROLES)}", field="role"
@@ -336,7 +495,7 @@ def _fields_from_openai(extra: dict[Any, Any], tool_name: str | None) -> dict[st
     elif reasoning is not None:
         extra["reasoning_content"] = reasoning
     if extra:
-        fields["native"] = NativePayload(protocol=OPENAI_CHAT_PROTOCOL, data=extra)
+        fields["native"] = {"protocol": OPENAI_CHAT_PROTOCOL, "data": extra}
     return fields
 
 
@@ -376,17 +535,18 @@ def _block_to_openai(block: TextBlock | ImageBlock | RawBlock) -> dict[str, Any]
     return dict(block.data)
 
 
-def _blocks_from_openai(blocks: Any) -> tuple[TextBlock | ImageBlock | RawBlock, ...]:
+def _blocks_from_openai(blocks: Any) -> tuple[dict[str, Any], ...]:
+    """Content block fields, for ``Message`` validation."""
     if not isinstance(blocks, list):
         raise ValidationError("content must be a string, a list of blocks or null", field="content")
-    out: list[TextBlock | ImageBlock | RawBlock] = []
+    out: list[dict[str, Any]] = []
     for block in blocks:
         if not isinstance(block, dict):
             raise ValidationError("each content block must be an object", field="content")
         kind = block.get("type")
         image = block.get("image_url")
         if kind == "text" and set(block) == {"type", "text"} and isinstance(block["text"], str):
-            out.append(TextBlock(text=block["text"]))
+            out.append({"type": "text", "text": block["text"]})
         elif (
             kind == "image_url"
             and set(block) == {"type", "image_url"}
@@ -394,13 +554,14 @@ def _blocks_from_openai(blocks: Any) -> tuple[TextBlock | ImageBlock | RawBlock,
             and set(image) <= {"url", "detail"}
             and isinstance(image.get("url"), str)
         ):
-            out.append(ImageBlock(url=image["url"], detail=image.get("detail")))
+            out.append({"type": "image", "url": image["url"], "detail": image.get("detail")})
         else:
-            out.append(RawBlock(data=block))
+            out.append({"type": "raw", "data": block})
     return tuple(out)
 
 
-def _tool_call_from_openai(call: Any) -> ToolCall:
+def _tool_call_from_openai(call: Any) -> dict[str, Any]:
+    """``ToolCall`` fields, for ``Message`` validation."""
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or not isinstance(call.get("id"), str):
         raise ValidationError("a tool call needs an id and a function", field="tool_calls")
@@ -420,12 +581,12 @@ def _tool_call_from_openai(call: Any) -> ToolCall:
             args = parsed
             if orjson.dumps(parsed).decode() == arguments:
                 keep_text = None
-    try:
-        return ToolCall(
-            id=call["id"], name=function.get("name", ""), args=args, arguments_json=keep_text
-        )
-    except ValueError as exc:
-        raise ValidationError(f"not a valid tool call: {exc}", field="tool_calls") from exc
+    return {
+        "id": call["id"],
+        "name": function.get("name", ""),
+        "args": args,
+        "arguments_json": keep_text,
+    }
 
 
 # ---- the log ----------------------------------------------------------------------------
@@ -434,7 +595,7 @@ EventKind: TypeAlias = Literal["message", "boundary", "run_completed"]
 RetentionMode: TypeAlias = Literal["recent_user_messages", "recent_turns"]
 
 
-class _EventBase(BaseModel):
+class _EventBase(EpisodicModel):
     model_config = _FROZEN
     conversation_id: UUID
     seq: int
@@ -484,7 +645,7 @@ StoredEvent = Annotated[
 ]
 
 
-class Conversation(BaseModel):
+class Conversation(EpisodicModel):
     """A conversation's head: who owns it and the counters that keep requests O(1)."""
 
     model_config = _FROZEN
@@ -516,6 +677,7 @@ class Conversation(BaseModel):
 
 
 __all__ = [
+    "DEVELOPER_ROLE",
     "MAX_TOKEN_COUNT",
     "OPENAI_CHAT_PROTOCOL",
     "ROLES",
@@ -523,6 +685,7 @@ __all__ = [
     "Content",
     "ContentBlock",
     "Conversation",
+    "EpisodicModel",
     "EventKind",
     "ImageBlock",
     "Message",

@@ -11,9 +11,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from episodic.models import MessageEvent, RunCompletedEvent, StoredEvent
+from episodic.models import EpisodicModel, MessageEvent, RunCompletedEvent, StoredEvent
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 _Count = Annotated[int, Field(ge=0)]
@@ -31,7 +31,7 @@ class EpisodicCompactionTrigger(StrEnum):
     MANUAL_RECOVERY = "manual_recovery"
 
 
-class EpisodicCompactionPressure(BaseModel):
+class EpisodicCompactionPressure(EpisodicModel):
     """A conversation's pressure relative to its latest boundary, as the store measures it.
 
     ``user_messages_after_latest_run_completed`` counts user messages after the latest clean
@@ -50,7 +50,7 @@ class EpisodicCompactionPressure(BaseModel):
     total_user_messages: _Count = 0
 
 
-class EpisodicCompactionConfig(BaseModel):
+class EpisodicCompactionConfig(EpisodicModel):
     """Thresholds of the episodic trigger. ``trigger_context_tokens=None`` turns off the
     context-pressure rule (the right value depends on the model's window)."""
 

@@ -9,6 +9,7 @@ checked by the backend under the head's row lock.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,12 +59,51 @@ class PreparedBatch:
         return self.usage.input_tokens if self.usage is not None else None
 
 
-def encode_json(value: object, *, what: str) -> str:
-    """JSON text for the log. Unpaired surrogates and other unencodable data are refused."""
+def encode_json(value: object, *, what: str, floats_checked: bool = False) -> str:
+    """JSON text for the log. Unpaired surrogates and other unencodable data are refused, and
+    so are NaN and infinity, which orjson would silently store as ``null``.
+
+    ``floats_checked`` skips the search for those when validation already refused them (a
+    message's fields: episodic's models refuse NaN and infinity).
+    """
     try:
-        return orjson.dumps(value).decode()
+        encoded = orjson.dumps(value)
     except (TypeError, orjson.JSONEncodeError) as exc:
         raise ValidationError(f"{what} cannot be stored as JSON: {exc}", field=what) from exc
+    # A non-finite float can only have become null: the value is searched only when the text
+    # has one (or the word in a string), so most values cost one scan of their bytes.
+    if not floats_checked and b"null" in encoded:
+        refuse_non_finite(value, what)
+    return encoded.decode()
+
+
+def refuse_non_finite(value: object, path: str) -> None:
+    """Raise :class:`ValidationError` naming the first NaN or infinity in ``value`` (inside
+    the dicts, lists and tuples orjson encodes; its depth limit of 255 bounds the recursion),
+    as ``path.key[0]``."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            what = "NaN" if math.isnan(value) else "infinite"
+            shown = path if len(path) <= 200 else f"{path[:100]}...{path[-100:]}"
+            raise ValidationError(
+                f"{shown} is {what}; JSON has no NaN or infinity, so it cannot be stored",
+                field=path,
+            )
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, float | dict | list | tuple):
+                refuse_non_finite(item, _key_path(path, key))
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            if isinstance(item, float | dict | list | tuple):
+                refuse_non_finite(item, f"{path}[{index}]")
+
+
+def _key_path(path: str, key: object) -> str:
+    if isinstance(key, str) and key.isidentifier():
+        return f"{path}.{key}"
+    return f"{path}[{key!r:.80}]"
 
 
 def prepare_batch(
@@ -97,7 +137,8 @@ def prepare_batch(
     for index, given in enumerate(messages):
         message, fields = _checked_message(given, index)
         _check_identifiers(message, index)
-        payload = encode_json(fields, what=f"messages[{index}]")
+        # _checked_message validated these very fields, NaN and infinity refused
+        payload = encode_json(fields, what=f"messages[{index}]", floats_checked=True)
         size = len(payload.encode("utf-8"))
         if size > max_message_bytes:
             raise MessageTooLargeError(index=index, size=size, limit=max_message_bytes)
@@ -128,7 +169,7 @@ def prepare_batch(
             user_messages += 1
         checked.append(message)
         payloads.append(payload)
-        estimates.append(context_token_estimate(message, estimator))
+        estimates.append(_token_estimate(message, estimator))
         client_ids.append(message.client_id)
 
     key: str | None = None
@@ -179,10 +220,25 @@ def _checked_message(message: object, index: int) -> tuple[Message, dict[str, An
     try:
         fields = message.stored_fields(mode="python")
         return Message.model_validate(fields, strict=True), fields
-    except ValueError as exc:  # pydantic's ValidationError
+    except ValueError as exc:  # the model's refusal, or its serializer's (a field's wrong type)
+        details = exc.errors() if isinstance(exc, ValidationError) else ()
+        if any(problem["type"] == "finite_number" for problem in details):
+            refuse_non_finite(message.stored_fields(mode="python"), where)  # names the path
         raise ValidationError(
-            f"{where} is not a valid message (built without validation?): {exc}", field=where
+            f"{where} is not a valid message (built without validation?): {exc}",
+            field=where,
+            details=details,
         ) from exc
+
+
+def _token_estimate(message: Message, estimator: TokenEstimator) -> int:
+    """The estimate stored with a message: what it adds to any context it is loaded into. A
+    system message is kept in the log but never loaded (the agent owns its system prompt), so
+    it adds 0; the head's counters, ``rebuild_head`` and the PostgreSQL function all sum the
+    stored estimates, so they agree without knowing about roles."""
+    if message.role == "system":
+        return 0
+    return context_token_estimate(message, estimator)
 
 
 def _check_identifiers(message: Message, index: int) -> None:
@@ -209,4 +265,4 @@ def _request_hash(payloads: list[str]) -> str:
     return digest.hexdigest()
 
 
-__all__ = ["PreparedBatch", "encode_json", "prepare_batch"]
+__all__ = ["PreparedBatch", "encode_json", "prepare_batch", "refuse_non_finite"]

@@ -54,7 +54,9 @@ class HeadCounters:
         self, message: Message, *, seq: int, token_estimate: int, usage: Usage | None
     ) -> HeadCounters:
         """The counters once ``message`` is stored at ``seq``. ``usage`` is the one passed
-        with its batch, given on the batch's first message only."""
+        with its batch, given on the batch's first message only. ``token_estimate`` is the
+        stored one: 0 for a system message, which is kept but never loaded (see
+        ``prepare_batch``), so no role needs special handling here or in SQL."""
         open_calls = dict(self.open_tool_calls)
         for call in message.tool_calls:
             open_calls[call.id] = seq

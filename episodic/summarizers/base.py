@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from episodic.compaction import CompactionRequest
 from episodic.errors import EpisodicError
-from episodic.models import Usage
+from episodic.models import EpisodicModel, Usage
 
 #: HTTP statuses worth another attempt: the server was busy, overloaded or broken for a
 #: moment (408 and 409 are retried by the ``openai`` SDK itself for the same reason).
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
 
 
-class SummaryResult(BaseModel):
+class SummaryResult(EpisodicModel):
     """One summarizer answer: the handoff ``text`` (possibly empty: the worker decides what an
     empty summary means), the provider-reported ``usage`` for the attempts ledger, and the
     ``model`` that actually answered (which may differ from the one asked for)."""
@@ -53,6 +53,8 @@ class SummarizerError(EpisodicError):
     (rate limits, 5xx, timeouts, dropped connections) or will fail the same way (bad request,
     bad key, unknown model). ``status_code`` is the HTTP status when there was one;
     ``retry_after`` is the server's hint in seconds, for the worker's backoff to respect.
+    ``endpoint`` says where the failed request went (an HTTP adapter's base URL and model), when
+    the summarizer has one; the message names it too.
     """
 
     def __init__(
@@ -63,12 +65,14 @@ class SummarizerError(EpisodicError):
         retryable: bool,
         status_code: int | None = None,
         retry_after: float | None = None,
+        endpoint: str | None = None,
     ) -> None:
         super().__init__(message)
         self.summarizer = summarizer
         self.retryable = retryable
         self.status_code = status_code
         self.retry_after = retry_after
+        self.endpoint = endpoint
 
 
 def is_retryable_status(status_code: int) -> bool:

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from uuid import uuid4
 
-import pydantic
 import pytest
 
 from episodic import EpisodicStore, Message, ToolCall, Usage
@@ -96,7 +95,7 @@ async def test_append_keeps_a_valid_message_built_without_validation(
 
 def test_usage_counts_are_bounded() -> None:
     assert Usage(input_tokens=MAX_TOKEN_COUNT).input_tokens == MAX_TOKEN_COUNT
-    with pytest.raises(pydantic.ValidationError):
+    with pytest.raises(ValidationError):
         Usage(input_tokens=MAX_TOKEN_COUNT + 1)
 
 

@@ -304,7 +304,7 @@ def build(base: Message, **overrides: Any) -> Message:
     values = {**dict(base), **overrides}
     try:
         return Message.model_validate(values)
-    except pydantic.ValidationError:
+    except ValidationError:
         return Message.model_construct(**values)
 
 
@@ -402,7 +402,7 @@ def hostile_batches(draw: st.DrawFn) -> tuple[str, Any, str]:
         depth = draw(st.sampled_from([255, 300, 1_000, 5_000]))
         try:
             message = Message.user("x", metadata={"d": deep_nesting(depth)})
-        except pydantic.ValidationError:
+        except ValidationError:
             message = unvalidated(role="user", content="x", metadata={"d": deep_nesting(depth)})
             return f"unvalidated_deep_metadata_{depth}", [message], "reject"
         return f"{kind}_{depth}", [message], "reject"

@@ -3,6 +3,7 @@ messages, truncation, finalizing, and reasoning excerpts."""
 
 from __future__ import annotations
 
+import pydantic
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,6 +25,7 @@ from episodic.compaction import (
     truncate_to_token_budget,
     user_text,
 )
+from episodic.errors import ValidationError
 from episodic.models import ImageBlock, Message, TextBlock, ToolCall
 from episodic.rendering import REASONING_CUT_MARKER, excerpt_reasoning, render_message
 from episodic.tokens import CharHeuristic
@@ -97,8 +99,25 @@ def test_with_limits_replaces_only_what_it_is_given_and_validates() -> None:
     config = CompactionConfig().with_limits(recent_user_token_budget=5)
     assert config.recent_user_token_budget == 5
     assert config.auto_compact_token_limit == 300_000
-    with pytest.raises(ValueError, match="greater than or equal to 0"):
+    with pytest.raises(ValidationError, match="greater than or equal to 0") as caught:
         CompactionConfig().with_limits(auto_compact_token_limit=-1)
+    assert caught.value.field == "auto_compact_token_limit"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"auto_compact_token_limit": -1},
+        {"summary_prefix": ""},
+        {"enabled": "sometimes"},
+        {"colour": "red"},
+    ],
+)
+def test_config_refuses_with_episodic_validation_error(fields: dict[str, object]) -> None:
+    with pytest.raises(ValidationError, match=r"^invalid CompactionConfig: ") as caught:
+        CompactionConfig(**fields)
+    assert not isinstance(caught.value, pydantic.ValidationError)
+    assert [problem["loc"][0] for problem in caught.value.errors()] == list(fields)
 
 
 def test_config_is_frozen() -> None:

@@ -22,7 +22,7 @@ from episodic.models import (
     ToolCall,
     Usage,
 )
-from episodic.store.batch import prepare_batch
+from episodic.store.batch import encode_json, prepare_batch
 from episodic.store.boundaries import BoundaryRequest, boundary_request
 from episodic.store.checks import check_int, check_text, checked_usage
 from episodic.store.translate import translated_errors
@@ -197,6 +197,151 @@ def test_stored_fields_keep_empty_content() -> None:
 def test_python_stored_fields_keep_keys_exactly() -> None:
     message = Message.user("x", metadata={"k\ud800": 1})
     assert message.stored_fields(mode="python")["metadata"] == {"k\ud800": 1}
+
+
+def test_a_system_message_is_estimated_at_zero_tokens() -> None:
+    # kept in the log, never loaded: it adds nothing to any context's estimate
+    batch = prepare([Message.system("You are careful. " * 50), Message.user("hi")])
+    assert batch.token_estimates[0] == 0
+    assert batch.token_estimates[1] > 0
+    assert batch.token_sum == batch.token_estimates[1]
+
+
+# ---- NaN and infinity ---------------------------------------------------------------------------
+
+NAN = float("nan")
+INF = float("inf")
+
+#: (message fields with a non-finite float, the path prepare_batch names, what it is)
+NON_FINITE: list[Any] = [
+    pytest.param(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": (ToolCall.model_construct(id="c1", name="f", args={"x": NAN}),),
+        },
+        "messages[1].tool_calls[0].args.x",
+        "NaN",
+        id="args",
+    ),
+    pytest.param(
+        {"metadata": {"score": [1.5, {"deep": -INF}]}},
+        "messages[1].metadata.score[1].deep",
+        "infinite",
+        id="metadata",
+    ),
+    pytest.param(
+        {"native": NativePayload.model_construct(protocol="p", data={"logprob": -INF})},
+        "messages[1].native.data.logprob",
+        "infinite",
+        id="native-data",
+    ),
+    pytest.param(
+        {"content": (RawBlock.model_construct(type="raw", data={"type": "audio", "t": NAN}),)},
+        "messages[1].content[0].data.t",
+        "NaN",
+        id="raw-block",
+    ),
+    pytest.param(
+        {"metadata": {"odd key": INF}},
+        "messages[1].metadata['odd key']",
+        "infinite",
+        id="metadata-odd-key",
+    ),
+]
+
+
+@pytest.mark.parametrize(("fields", "path", "what"), NON_FINITE)
+def test_prepare_batch_refuses_nan_and_infinity(
+    fields: dict[str, Any], path: str, what: str
+) -> None:
+    # Built without validation, which would have refused them: orjson would store null.
+    with pytest.raises(ValidationError) as caught:
+        prepare([Message.user("ok"), constructed(**fields)])
+    assert str(caught.value).startswith(f"{path} is {what}; JSON has no NaN or infinity")
+    assert caught.value.field == path
+
+
+@pytest.mark.parametrize(
+    ("build", "path"),
+    [
+        pytest.param(
+            lambda: ToolCall(id="c1", name="f", args={"x": NAN}), "args.x", id="tool-call-args"
+        ),
+        pytest.param(
+            lambda: Message.assistant(
+                None, tool_calls=[{"id": "c", "name": "f", "args": {"x": NAN}}]
+            ),
+            "tool_calls[0].args.x",
+            id="message-args",
+        ),
+        pytest.param(
+            lambda: Message.user("x", metadata={"a": [1, {"list": INF}]}),
+            "metadata.a[1].list",
+            id="metadata",
+        ),
+        pytest.param(
+            lambda: NativePayload(protocol="p", data={"v": [[-INF]]}), "data.v[0][0]", id="native"
+        ),
+        pytest.param(lambda: RawBlock(data={"type": "x", "v": NAN}), "data.v", id="raw-block"),
+        pytest.param(
+            lambda: Message.model_validate(
+                {"role": "user", "content": "x", "metadata": {"f": NAN}}
+            ),
+            "metadata.f",
+            id="model_validate",
+        ),
+    ],
+)
+def test_models_refuse_nan_and_infinity(build: Any, path: str) -> None:
+    with pytest.raises(ValidationError, match="JSON has no NaN or infinity") as caught:
+        build()
+    assert f"{path} is " in str(caught.value)
+    assert [p["type"] for p in caught.value.errors()] == ["finite_number"]
+
+
+def test_from_openai_refuses_nan_from_a_dict() -> None:
+    # JSON text cannot carry NaN, but a dict built in Python can
+    with pytest.raises(ValidationError, match=r"tool_calls\[0\]\.args\.x is NaN"):
+        Message.from_openai(
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {"x": NAN}}}],
+            }
+        )
+
+
+def test_finite_floats_and_nulls_are_stored_as_given() -> None:
+    message = Message.user("null", metadata={"f": 1.5, "big": 1e308, "n": None, "null": [None]})
+    [payload] = prepare([message]).payloads
+    assert orjson.loads(payload)["metadata"] == {
+        "f": 1.5,
+        "big": 1e308,
+        "n": None,
+        "null": [None],
+    }
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        ({"a": NAN}, "metadata.a"),
+        ({"a": {"b": [0, INF]}}, "metadata.a.b[1]"),
+        ({"a": (1, (NAN,))}, "metadata.a[1][0]"),
+        ({"1x": -INF}, "metadata['1x']"),
+    ],
+)
+def test_encode_json_refuses_nan_and_infinity(value: Any, path: str) -> None:
+    with pytest.raises(ValidationError, match="JSON has no NaN or infinity") as caught:
+        encode_json(value, what="metadata")
+    assert str(caught.value).startswith(f"{path} is ")
+    assert caught.value.field == path
+
+
+def test_encode_json_keeps_null_and_the_word() -> None:
+    assert encode_json({"a": None, "b": "null", "c": [1.5]}, what="x") == (
+        '{"a":null,"b":"null","c":[1.5]}'
+    )
 
 
 # ---- boundary_request --------------------------------------------------------------------------

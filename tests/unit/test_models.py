@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import re
 from datetime import UTC, datetime
 from typing import Any
+from uuid import uuid4
 
 import orjson
 import pydantic
@@ -12,18 +14,28 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from episodic.compaction import CompactionConfig
+from episodic.context import Context
 from episodic.errors import ValidationError
 from episodic.models import (
+    DEVELOPER_ROLE,
     OPENAI_CHAT_PROTOCOL,
+    BoundaryEvent,
+    Conversation,
     ImageBlock,
     Message,
+    MessageEvent,
     NativePayload,
     RawBlock,
+    RunCompletedEvent,
     TextBlock,
     ToolCall,
+    Usage,
     messages_from_openai,
 )
+from episodic.policy import EpisodicCompactionConfig
 
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
 RUN = ToolCall(id="c1", name="run", args={"cmd": "pytest"})
 READ = ToolCall(id="c2", name="read", args={"path": "a.py"})
 
@@ -157,8 +169,10 @@ def test_constructors_set_role_and_fields(message: Message, expected: dict[str, 
     ],
 )
 def test_invalid_shapes_are_refused(fields: dict[str, Any], complaint: str) -> None:
-    with pytest.raises(pydantic.ValidationError, match=complaint):
+    with pytest.raises(ValidationError, match=complaint) as caught:
         Message(**fields)
+    assert not isinstance(caught.value, pydantic.ValidationError)
+    assert caught.value.errors(), "pydantic's details are kept"
 
 
 @pytest.mark.parametrize(
@@ -174,8 +188,159 @@ def test_invalid_shapes_are_refused(fields: dict[str, Any], complaint: str) -> N
     ],
 )
 def test_constructors_validate(build: Any) -> None:
-    with pytest.raises(pydantic.ValidationError):
+    with pytest.raises(ValidationError):
         build()
+
+
+# ---- one ValidationError ------------------------------------------------------------------
+
+_EVENT = {"conversation_id": uuid4(), "seq": 1, "created_at": T0, "token_estimate": 1}
+_HEAD: dict[str, Any] = {
+    "conversation_id": uuid4(),
+    "tenant_id": "t",
+    "created_at": T0,
+    "metadata": {},
+    "last_seq": 0,
+    "boundary_seq": None,
+    "covers_through_seq": 0,
+    "total_user_messages": 0,
+    "user_messages_since_boundary": 0,
+    "run_completed_since_boundary": 0,
+    "user_messages_since_run_completed": 0,
+    "context_tokens": 0,
+    "usage_input_tokens": None,
+    "tokens_since_usage": 0,
+    "open_tool_calls": {},
+}
+
+REFUSED: list[Any] = [
+    pytest.param(lambda: Message.user(None), "Message", id="user-none"),
+    pytest.param(lambda: Message.user(1), "Message", id="user-int"),
+    pytest.param(lambda: Message(role="bogus", content="x"), "Message", id="bogus-role"),
+    pytest.param(lambda: Message.assistant(tool_calls=[1]), "Message", id="assistant-call-int"),
+    pytest.param(lambda: Message.tool_result("", "x"), "Message", id="tool-result-empty-id"),
+    pytest.param(lambda: Message.system(5), "Message", id="system-int"),
+    pytest.param(lambda: ToolCall(id="", name="run"), "ToolCall", id="tool-call"),
+    pytest.param(lambda: Usage(input_tokens=-1), "Usage", id="usage"),
+    pytest.param(lambda: TextBlock(text=1), "TextBlock", id="text-block"),
+    pytest.param(lambda: ImageBlock(url=None), "ImageBlock", id="image-block"),
+    pytest.param(lambda: RawBlock(data=5), "RawBlock", id="raw-block"),
+    pytest.param(lambda: NativePayload(protocol="", data={}), "NativePayload", id="native"),
+    pytest.param(lambda: MessageEvent(**_EVENT, message=5), "MessageEvent", id="message-event"),
+    pytest.param(
+        lambda: RunCompletedEvent(**_EVENT, abandoned_tool_call_ids=5),
+        "RunCompletedEvent",
+        id="run-completed-event",
+    ),
+    pytest.param(lambda: BoundaryEvent(**_EVENT, summary="s"), "BoundaryEvent", id="boundary"),
+    pytest.param(lambda: Conversation(**{**_HEAD, "last_seq": "x"}), "Conversation", id="head"),
+    pytest.param(
+        lambda: EpisodicCompactionConfig(trigger_unfinished_turns=-1),
+        "EpisodicCompactionConfig",
+        id="episodic-compaction-config",
+    ),
+    pytest.param(
+        lambda: CompactionConfig(recent_user_token_budget=-1), "CompactionConfig", id="config"
+    ),
+    pytest.param(
+        lambda: Context(
+            conversation_id=uuid4(), messages=(), boundary=None, estimated_tokens="x", last_seq=0
+        ),
+        "Context",
+        id="context",
+    ),
+    pytest.param(lambda: Message.model_validate({"role": "x"}), "Message", id="model_validate"),
+    pytest.param(lambda: Message.model_validate(5), "Message", id="model_validate-not-a-dict"),
+    pytest.param(
+        lambda: Usage.model_validate_json('{"input_tokens": -1}'), "Usage", id="validate_json"
+    ),
+    pytest.param(lambda: Usage.model_validate_json("{"), "Usage", id="validate_json-broken"),
+    pytest.param(
+        lambda: Usage.model_validate_strings({"input_tokens": "x"}), "Usage", id="strings"
+    ),
+]
+
+
+@pytest.mark.parametrize(("build", "model"), REFUSED)
+def test_every_model_refuses_with_episodic_validation_error(build: Any, model: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        build()
+    error = caught.value
+    assert type(error) is ValidationError
+    assert not isinstance(error, pydantic.ValidationError)
+    assert isinstance(error, ValueError)
+    text = str(error)
+    assert re.fullmatch(rf"invalid {model}: .+ \(\d+ problems?\)", text), text
+    assert "\n" not in text
+    problems = error.errors()
+    assert problems
+    assert all({"type", "loc", "msg"} <= set(p) for p in problems)
+    assert text.endswith(f"({len(problems)} problem{'s' if len(problems) > 1 else ''})")
+    assert error.__suppress_context__, "no pydantic traceback chained to the caller's"
+
+
+def test_refusal_details_are_pydantics() -> None:
+    data = {"role": "tool", "content": 5, "colour": "red"}
+    with pytest.raises(pydantic.ValidationError) as original:
+        Message.__pydantic_validator__.validate_python(data)
+    with pytest.raises(ValidationError) as caught:
+        Message(**data)
+    assert caught.value.errors() == original.value.errors(include_url=False)
+    assert caught.value.field is None  # two fields are wrong
+    # a caller may keep the details: they are plain dicts, copied on each call
+    caught.value.errors().clear()
+    assert caught.value.errors()
+
+
+def test_refusal_message_names_the_path_and_counts_the_problems() -> None:
+    with pytest.raises(ValidationError) as caught:
+        Message(role="bogus", content="x")
+    assert str(caught.value) == (
+        "invalid Message: role: Input should be 'user', 'assistant', 'tool' or 'system' (1 problem)"
+    )
+    assert caught.value.field == "role"
+
+    with pytest.raises(ValidationError) as caught:
+        Message.assistant(tool_calls=[{"id": "", "name": "run"}])
+    assert str(caught.value) == (
+        "invalid Message: tool_calls[0].id: String should have at least 1 character (1 problem)"
+    )
+    assert caught.value.field == "tool_calls"
+
+    # a model validator's own words, without pydantic's "Value error, " prefix
+    with pytest.raises(ValidationError) as caught:
+        Message.user(None)
+    assert str(caught.value) == "invalid Message: a user message needs content (1 problem)"
+
+    # at most three problems spelled out; errors() has them all
+    with pytest.raises(ValidationError) as caught:
+        Usage(input_tokens=-1, output_tokens=-1, cache_read_tokens=-1, reasoning_tokens=-1, x=1)
+    assert str(caught.value).endswith("; and 2 more (5 problems)")
+    assert len(caught.value.errors()) == 5
+
+
+def test_strict_validation_stays_strict() -> None:
+    # The base's __init__ is not a custom init to pydantic: validation does not go through it
+    # (it would, and lose strict=True, without the flag that says so).
+    data = {"role": "tool", "tool_call_id": "c1", "content": "x", "is_error": "yes"}
+    assert Message.model_validate(data).is_error is True
+    with pytest.raises(ValidationError, match="is_error: Input should be a valid boolean"):
+        Message.model_validate(data, strict=True)
+    with pytest.raises(ValidationError, match="tool_calls: Input should be a valid tuple"):
+        Message.model_validate({"role": "assistant", "tool_calls": [RUN]}, strict=True)
+
+
+def test_from_openai_refusals_name_the_whole_path() -> None:
+    with pytest.raises(ValidationError) as caught:
+        Message.from_openai(
+            {"role": "assistant", "tool_calls": [{"id": "", "function": {"name": "f"}}]}
+        )
+    assert str(caught.value) == (
+        "not a valid chat-completions message: invalid Message: tool_calls[0].id: "
+        "String should have at least 1 character (1 problem)"
+    )
+    assert caught.value.field == "tool_calls"
+    assert [p["loc"] for p in caught.value.errors()] == [("tool_calls", 0, "id")]
 
 
 def test_validation_errors_are_value_errors() -> None:
@@ -436,6 +601,7 @@ LOSSLESS: list[Any] = [
         id="tool-blocks",
     ),
     pytest.param({"role": "system", "content": "You are a careful engineer."}, id="system"),
+    pytest.param({"role": "developer", "content": "Be terse."}, id="developer"),
     pytest.param({"role": "assistant", "content": ""}, id="assistant-empty-string"),
     pytest.param(
         {"role": "assistant", "content": "Done.", "refusal": None, "annotations": []},
@@ -551,12 +717,6 @@ def test_openai_fields_map_onto_the_model() -> None:
 
 # Conversions that are intentionally not the identity: each row is (input, what to_openai gives).
 NOT_IDENTITY: list[Any] = [
-    # chat-completions' "developer" role is the newer name for "system"; episodic has one role.
-    pytest.param(
-        {"role": "developer", "content": "Be terse."},
-        {"role": "system", "content": "Be terse."},
-        id="developer-becomes-system",
-    ),
     # reasoning_content is only sent back on request (OpenAI refuses it).
     pytest.param(
         {"role": "assistant", "content": "42", "reasoning_content": "6*7"},
@@ -594,9 +754,34 @@ def test_openai_normalizations(data: dict[str, Any], expected: dict[str, Any]) -
     assert Message.from_openai(data).to_openai() == expected
 
 
-def test_developer_role_is_system() -> None:
-    message = Message.from_openai({"role": "developer", "content": "Be terse."})
-    assert message == Message.system("Be terse.")
+def test_developer_role_is_system_and_kept() -> None:
+    # chat-completions' "developer" role is the newer name for "system"; episodic has one
+    # role, and keeps the word in native so to_openai gives it back.
+    data = {"role": "developer", "content": "Be terse."}
+    message = Message.from_openai(data)
+    assert message.role == "system"
+    assert message.content == "Be terse."
+    assert message.native == NativePayload(
+        protocol=OPENAI_CHAT_PROTOCOL, data={"role": DEVELOPER_ROLE}
+    )
+    assert message.to_openai() == data
+    # and through the stored form
+    stored = Message.model_validate(orjson.loads(orjson.dumps(message.stored_fields())))
+    assert stored.to_openai() == data
+    assert Message.from_openai(Message.system("Be terse.").to_openai()).to_openai() == {
+        "role": "system",
+        "content": "Be terse.",
+    }
+
+
+def test_only_a_system_message_is_given_back_as_developer() -> None:
+    # native cannot turn another role into "developer", nor override the role at all
+    native = NativePayload(protocol=OPENAI_CHAT_PROTOCOL, data={"role": DEVELOPER_ROLE})
+    assert Message.user("hi", native=native).to_openai()["role"] == "user"
+    other = NativePayload(protocol=OPENAI_CHAT_PROTOCOL, data={"role": "user"})
+    assert Message.system("s", native=other).to_openai()["role"] == "system"
+    foreign = NativePayload(protocol="anthropic", data={"role": DEVELOPER_ROLE})
+    assert Message.system("s", native=foreign).to_openai()["role"] == "system"
 
 
 def test_messages_from_openai_names_tool_results_after_their_calls() -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pydantic
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from episodic.errors import ValidationError
 from episodic.models import Message, MessageEvent, RunCompletedEvent, StoredEvent, ToolCall
 from episodic.policy import (
     EpisodicCompactionConfig,
@@ -152,8 +154,26 @@ def test_manual_recovery_is_never_automatic() -> None:
 
 
 def test_pressure_refuses_negative_counts() -> None:
-    with pytest.raises(ValueError, match="greater than or equal to 0"):
+    with pytest.raises(ValidationError, match="greater than or equal to 0"):
         EpisodicCompactionPressure(total_user_messages=-1)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"trigger_unfinished_turns": -1},
+        {"trigger_context_tokens": "many"},
+        {"trigger_age_days": 1.5},
+        {"trigger_everything": True},
+    ],
+)
+def test_config_refuses_with_episodic_validation_error(fields: dict[str, object]) -> None:
+    with pytest.raises(ValidationError, match=r"^invalid EpisodicCompactionConfig: ") as caught:
+        EpisodicCompactionConfig(**fields)
+    assert not isinstance(caught.value, pydantic.ValidationError)
+    assert caught.value.field == next(iter(fields))
+    with pytest.raises(ValidationError):
+        EpisodicCompactionConfig.model_validate(fields)
 
 
 # ---- age -------------------------------------------------------------------------------
