@@ -1,7 +1,10 @@
 # The episodic worker and CLI, for docker-compose.yml and production deployments.
 FROM python:3.11-slim
+# Log lines reach `docker logs` as they are written.
+ENV PYTHONUNBUFFERED=1
 WORKDIR /app
-COPY pyproject.toml README.md alembic.ini ./
+# LICENSE: pyproject.toml names it in license-files, and the build refuses without it.
+COPY pyproject.toml README.md LICENSE alembic.ini ./
 COPY episodic ./episodic
 COPY migrations ./migrations
 RUN pip install --no-cache-dir ".[openai,tiktoken]"

@@ -12,8 +12,16 @@ Replies are scripted in order; every request is recorded::
 Any method and path is answered from the same queue (the path is recorded, so a test can check
 it). When the queue is empty the ``default`` reply is used, and without one a 500 saying no
 reply was scripted, so an unexpected extra request fails loudly. A reply's ``delay`` holds the
-answer back (the request is recorded first), to drive client timeouts. Each connection serves
-one request (``Connection: close``). Streaming is not supported.
+answer back (the request is recorded first), to drive client timeouts; its ``hold`` (an
+:class:`asyncio.Event`) holds it until the test sets the event, for tests that must know the
+answer cannot have been sent yet, whatever the machine's load::
+
+    release = asyncio.Event()
+    server.add(Reply(200, chat_completion("late"), hold=release))
+    ...  # the client is certainly still waiting here
+    release.set()
+
+Each connection serves one request (``Connection: close``). Streaming is not supported.
 """
 
 from __future__ import annotations
@@ -39,12 +47,14 @@ __all__ = [
 @dataclass(frozen=True)
 class Reply:
     """One scripted answer: ``status``, a JSON-serialisable ``body`` (``None`` for an empty
-    body), seconds of ``delay`` before answering, and extra response ``headers``."""
+    body), seconds of ``delay`` before answering, extra response ``headers``, and an event to
+    ``hold`` the answer until it is set (waited for after the delay)."""
 
     status: int = 200
     body: Any = None
     delay: float = 0.0
     headers: Mapping[str, str] = field(default_factory=dict)
+    hold: asyncio.Event | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -133,8 +143,11 @@ class FakeOpenAIServer:
             if reply.delay:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._closing.wait(), reply.delay)
+            if reply.hold is not None and not self._closing.is_set():
+                await _either(reply.hold, self._closing)
             if self._closing.is_set() or reader.at_eof():
                 return  # shutting down, or the client gave up waiting (a timeout, typically)
+            self._answering(reply)
             writer.write(_encode(reply))
             await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
@@ -146,6 +159,19 @@ class FakeOpenAIServer:
                 await writer.wait_closed()
             if task is not None:
                 self._connections.discard(task)
+
+    def _answering(self, reply: Reply) -> None:
+        """Called right before ``reply`` is written (a hook for subclasses that time it)."""
+
+
+async def _either(first: asyncio.Event, second: asyncio.Event) -> None:
+    """Wait until either event is set."""
+    waits = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 async def _read_request(reader: asyncio.StreamReader) -> Received | None:

@@ -11,6 +11,7 @@ as permanent: retrying a bug only delays the dead state.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from http import HTTPStatus
 
 from episodic.summarizers.base import SummarizerError, is_retryable_status
 
@@ -22,30 +23,42 @@ TRANSIENT_ERROR_NAMES = frozenset(
 _DETAIL_CHARS = 300
 
 
-def summarizer_error(exc: BaseException, *, summarizer: str) -> SummarizerError:
+def summarizer_error(
+    exc: BaseException, *, summarizer: str, endpoint: str | None = None
+) -> SummarizerError:
     """``exc`` as a :class:`SummarizerError` naming ``summarizer``, with ``retryable``, the
     HTTP status and the server's retry hint filled in where they can be read. Raise the result
-    ``from exc`` so the original stays in the traceback."""
+    ``from exc`` so the original stays in the traceback.
+
+    ``endpoint`` says where the request went (e.g. ``https://api.openai.com/v1 (model m)``);
+    given, the message starts ``<summarizer> at <endpoint>: `` so an operator reading the
+    attempts ledger or the log knows which endpoint failed."""
     if isinstance(exc, SummarizerError):
         return exc
+    where = summarizer if endpoint is None else f"{summarizer} at {endpoint}"
+    target = "the model endpoint" if endpoint is None else "the endpoint"
+    origin = " from the model endpoint" if endpoint is None else ""
     detail = _detail(exc)
     status = getattr(exc, "status_code", None)
     if isinstance(status, int) and status >= 400:
         return SummarizerError(
-            f"{summarizer}: HTTP {status} from the model endpoint: {detail}",
+            f"{where}: HTTP {_status_text(status)}{origin}: {detail}",
             summarizer=summarizer,
             retryable=is_retryable_status(status),
             status_code=status,
             retry_after=retry_after_seconds(getattr(exc, "response", None)),
+            endpoint=endpoint,
         )
     if isinstance(exc, OSError) or _has_transient_name(exc):
         return SummarizerError(
-            f"{summarizer}: the model endpoint could not be reached or did not answer in time: "
-            f"{detail}",
+            f"{where}: {target} could not be reached or did not answer in time: {detail}",
             summarizer=summarizer,
             retryable=True,
+            endpoint=endpoint,
         )
-    return SummarizerError(f"{summarizer}: {detail}", summarizer=summarizer, retryable=False)
+    return SummarizerError(
+        f"{where}: {detail}", summarizer=summarizer, retryable=False, endpoint=endpoint
+    )
 
 
 def retry_after_seconds(response: object) -> float | None:
@@ -71,11 +84,29 @@ def _has_transient_name(exc: BaseException) -> bool:
     return any(cls.__name__ in TRANSIENT_ERROR_NAMES for cls in type(exc).__mro__)
 
 
+def _status_text(status: int) -> str:
+    """``401 Unauthorized``; just the number for a status HTTP does not name."""
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return str(status)
+
+
 def _detail(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or "(no message)"
+    text = _one_line(exc)
+    # SDK transport errors say little ("Connection error."): the cause says what happened.
+    cause = exc.__cause__
+    if cause is not None:
+        reason = _one_line(cause)
+        if reason not in text:
+            text = f"{text} ({reason})"
     if len(text) > _DETAIL_CHARS:
         text = text[: _DETAIL_CHARS - 1] + "…"
-    return f"{type(exc).__name__}: {text}"
+    return text
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split()) or '(no message)'}"
 
 
 __all__ = ["TRANSIENT_ERROR_NAMES", "retry_after_seconds", "summarizer_error"]

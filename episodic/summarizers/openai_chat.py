@@ -8,7 +8,9 @@ two retry loops stacked would multiply the attempts and hide them from the attem
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from episodic.compaction import CompactionRequest
 from episodic.errors import ConfigurationError
@@ -21,8 +23,12 @@ if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
     from openai.types.completion_usage import CompletionUsage
 
-#: Where requests go when no ``base_url`` is given. Explicit, so the SDK never falls back to
-#: ``OPENAI_BASE_URL`` from the environment: configuration comes from episodic's settings.
+logger = logging.getLogger(__name__)
+
+#: Where requests go when no ``base_url`` (and no ``client``) is given: OpenAI itself. Explicit,
+#: so the SDK never falls back to ``OPENAI_BASE_URL`` from the environment: configuration comes
+#: from episodic's settings. Never silent: the summarizer logs where it sends at INFO, and its
+#: errors name the URL.
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 
 #: Sent as the key when none is given: keyless local servers ignore it, and the SDK then
@@ -45,7 +51,14 @@ class OpenAIChatSummarizer:
     ``timeout`` bounds the whole call, connection included. ``max_output_tokens`` is sent as
     ``max_completion_tokens`` (OpenAI's current name, required by its reasoning models); set
     ``max_tokens_field="max_tokens"`` for servers that only know the older name. A ``client``
-    passed in is used with its retries turned off and is not closed by :meth:`aclose`.
+    passed in is used with its retries turned off (and ``base_url``, when given, applied to it)
+    and is not closed by :meth:`aclose`.
+
+    ``base_url`` is where requests go: the one given, the client's, or :data:`OPENAI_BASE_URL`.
+    It is logged once at INFO when the summarizer is created, and every
+    :class:`SummarizerError` raised names it and the model, e.g. ``openai-chat:gpt-4.1-mini at
+    https://api.openai.com/v1 (model gpt-4.1-mini): HTTP 401 Unauthorized: ...``, so a failing
+    compaction says which endpoint failed.
 
     Errors become :class:`SummarizerError` with ``retryable`` set; an empty or missing content
     is returned as an empty text, for the worker to count as a failure.
@@ -80,7 +93,6 @@ class OpenAIChatSummarizer:
             ) from exc
         self.model = model
         self.name = name or f"openai-chat:{model}"
-        self.base_url = base_url or OPENAI_BASE_URL
         self.timeout = timeout
         self.max_output_tokens = max_output_tokens
         self.temperature = temperature
@@ -88,17 +100,38 @@ class OpenAIChatSummarizer:
         self.max_tokens_field: MaxTokensField = max_tokens_field
         self._owns_client = client is None
         if client is None:
+            source = "the base URL given" if base_url else "the default base URL: none was given"
+            #: where every request goes (no trailing slash): the URL given, the client's, or
+            #: :data:`OPENAI_BASE_URL`
+            self.base_url = (base_url or OPENAI_BASE_URL).rstrip("/")
             self._client = AsyncOpenAI(
                 api_key=api_key or PLACEHOLDER_API_KEY,
                 base_url=self.base_url,
                 timeout=timeout,
                 max_retries=0,
             )
+        elif base_url:
+            source = "the base URL given"
+            self.base_url = base_url.rstrip("/")
+            self._client = client.with_options(max_retries=0, base_url=self.base_url)
         else:
+            source = "the client's base URL"
             self._client = client.with_options(max_retries=0)
+            self.base_url = str(self._client.base_url).rstrip("/")
+        #: how log lines and errors name the endpoint: ``<base_url> (model <model>)``, with any
+        #: password or query string in the URL masked
+        self.endpoint = f"{redact_url(self.base_url)} (model {self.model})"
+        # Once per summarizer, so a deployment's log says where its conversations are sent.
+        logger.info(
+            "summarizer %s sends to %s, model %s (%s)",
+            self.name,
+            redact_url(self.base_url),
+            self.model,
+            source,
+        )
 
     def __repr__(self) -> str:
-        return f"OpenAIChatSummarizer(model={self.model!r}, base_url={self.base_url!r})"
+        return f"OpenAIChatSummarizer(model={self.model!r}, base_url={redact_url(self.base_url)!r})"
 
     async def summarize(self, request: CompactionRequest) -> SummaryResult:
         """One chat-completions call for ``request.prompt``."""
@@ -118,17 +151,19 @@ class OpenAIChatSummarizer:
                 )
         except TimeoutError as exc:
             raise SummarizerError(
-                f"{self.name}: no answer from {self.base_url} within {self.timeout:g}s",
+                f"{self.name} at {self.endpoint}: no answer within {self.timeout:g} s",
                 summarizer=self.name,
                 retryable=True,
+                endpoint=self.endpoint,
             ) from exc
         except Exception as exc:
-            raise summarizer_error(exc, summarizer=self.name) from exc
+            raise summarizer_error(exc, summarizer=self.name, endpoint=self.endpoint) from exc
         if not completion.choices:
             raise SummarizerError(
-                f"{self.name}: the response from {self.base_url} has no choices",
+                f"{self.name} at {self.endpoint}: the response has no choices",
                 summarizer=self.name,
                 retryable=True,
+                endpoint=self.endpoint,
             )
         return SummaryResult(
             text=completion.choices[0].message.content or "",
@@ -173,6 +208,21 @@ def usage_from_openai(usage: CompletionUsage | None) -> Usage | None:
     )
 
 
+def redact_url(url: str) -> str:
+    """``url`` fit for a log line: a password in it becomes ``***`` and a query string ``?***``
+    (some gateways take keys there); anything unparsable is returned as is."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if parts.password is not None:
+            user = parts.username or ""
+            host = netloc.rsplit("@", 1)[1]
+            netloc = f"{user}:***@{host}"
+    except ValueError:
+        return url
+    return urlunsplit(parts._replace(netloc=netloc, query="***" if parts.query else ""))
+
+
 def _count(value: object) -> int:
     return value if isinstance(value, int) and value > 0 else 0
 
@@ -183,5 +233,6 @@ __all__ = [
     "PLACEHOLDER_API_KEY",
     "MaxTokensField",
     "OpenAIChatSummarizer",
+    "redact_url",
     "usage_from_openai",
 ]

@@ -46,13 +46,15 @@ class CompactionOptions:
 
 @dataclass(frozen=True, slots=True)
 class JobResult:
-    """What one attempt did."""
+    """What one attempt did. ``retry_in`` is the backoff before the next attempt, for a
+    ``failed`` one."""
 
     outcome: AttemptOutcome
     tokens_before: int | None = None
     tokens_after: int | None = None
     error: str | None = None
     seconds: float = 0.0
+    retry_in: float | None = None
 
 
 class EmptySummaryError(Exception):
@@ -121,10 +123,11 @@ async def compact_claimed(
                 summarizer.summarize(prepared.request), timeout=options.summarizer_timeout
             )
             if not result.text.strip():
-                raise EmptySummaryError(f"{summarizer.name} returned an empty summary")
+                raise EmptySummaryError(f"{_who(summarizer)} returned an empty summary")
             outcome: AttemptOutcome = "succeeded"
         except (SummarizerError, TimeoutError, EmptySummaryError) as exc:
-            error = _describe(exc, options)
+            # An expected failure: no traceback; the worker logs the outcome in one line.
+            error = _describe(exc, summarizer, options)
             final = claim.attempt >= options.max_attempts or (
                 isinstance(exc, SummarizerError) and not exc.retryable
             )
@@ -162,6 +165,7 @@ async def compact_claimed(
             outcome,
             tokens_before=tokens_before,
             tokens_after=boundary.tokens_after,
+            error=record.error,  # for a fallback, why the summarizer's answer was not used
             seconds=(datetime.now(UTC) - started).total_seconds(),
         )
     except LeaseLostError as exc:
@@ -170,7 +174,12 @@ async def compact_claimed(
         # Someone else wrote a boundary since we loaded: try again at once from the new one.
         return await _end(store, claim, replace(record, error=str(exc)), "conflict", AttemptEnd())
     except Exception as exc:  # a database failure or a bug: recorded, retried with backoff
-        logger.exception("compaction of %s failed", claim.conversation_id)
+        # Unexpected, so with its traceback; the outcome line follows from the worker.
+        logger.exception(
+            "compaction of %s failed unexpectedly (attempt %d)",
+            claim.conversation_id,
+            claim.attempt,
+        )
         error = f"{type(exc).__name__}: {exc}"
         final = claim.attempt >= options.max_attempts
         return await _fail(store, claim, record, error, final=final, options=options, exc=exc)
@@ -210,12 +219,23 @@ async def _end(
         tokens_before=record.tokens_before,
         error=record.error,
         seconds=(record.finished_at - record.started_at).total_seconds(),
+        retry_in=end.retry_in if recorded == "failed" else None,
     )
 
 
-def _describe(exc: BaseException, options: CompactionOptions) -> str:
+def _who(summarizer: Summarizer) -> str:
+    """The summarizer's name, and where it sends when it says (an HTTP adapter's
+    ``endpoint``)."""
+    endpoint = getattr(summarizer, "endpoint", None)
+    return f"{summarizer.name} at {endpoint}" if isinstance(endpoint, str) else summarizer.name
+
+
+def _describe(exc: BaseException, summarizer: Summarizer, options: CompactionOptions) -> str:
     if isinstance(exc, TimeoutError):
-        return f"the summarizer did not answer within {options.summarizer_timeout:g} s"
+        return (
+            f"the summarizer {_who(summarizer)} did not answer within "
+            f"{options.summarizer_timeout:g} s"
+        )
     return f"{type(exc).__name__}: {exc}"
 
 

@@ -99,7 +99,12 @@ class CompactionWorker:
         """Work until :meth:`stop` (or SIGTERM/SIGINT with the handlers installed)."""
         close_listener = await self.store.listen_for_due(self._wake.set)
         sweeper = asyncio.create_task(self._sweep_periodically())
-        logger.info("worker %s started (concurrency %d)", self.worker_id, self.concurrency)
+        logger.info(
+            "worker %s started (concurrency %d, summarizer %s)",
+            self.worker_id,
+            self.concurrency,
+            self.summarizer.name,
+        )
         try:
             while not self._stopping.is_set():
                 free = self.concurrency - len(self._in_flight)
@@ -142,14 +147,7 @@ class CompactionWorker:
             # the lease expires and a worker tries again; nothing was written half-way.
             logger.exception("could not finish %s; its lease will expire", claim.conversation_id)
             result = JobResult("failed", error=f"{type(exc).__name__}: {exc}")
-        logger.info(
-            "conversation %s: %s (attempt %d, %.2f s)%s",
-            claim.conversation_id,
-            result.outcome,
-            claim.attempt,
-            result.seconds,
-            f": {result.error}" if result.error else "",
-        )
+        log_result(claim, result)
         if self.metrics is not None:
             self.metrics.observe(result)
         return result
@@ -172,6 +170,12 @@ class CompactionWorker:
         if not self._in_flight:
             return
         pending = set(self._in_flight)
+        logger.info(
+            "worker %s stopping: %d attempts in flight get up to %g s to finish",
+            self.worker_id,
+            len(pending),
+            self.shutdown_grace,
+        )
         _, still_running = await asyncio.wait(pending, timeout=self.shutdown_grace)
         # Take the claims now: each task removes itself from _in_flight when it ends.
         unfinished = [(task, self._in_flight[task]) for task in still_running]
@@ -202,4 +206,64 @@ class CompactionWorker:
             logger.exception("could not release %s; its lease will expire", claim.conversation_id)
 
 
-__all__ = ["CompactionWorker"]
+def log_result(claim: Claim, result: JobResult) -> None:
+    """One log line per attempt, at the level its outcome deserves: INFO when all is well
+    (or will be at once: a conflict is retried from the new boundary), WARNING for an attempt
+    that failed (it will be retried after its backoff, or its work was discarded: a lost lease,
+    or replaced: the extractive fallback), ERROR for a conversation that reached the dead state
+    (no worker will try it again; ``episodic status`` lists it)."""
+    conversation, attempt, seconds = claim.conversation_id, claim.attempt, result.seconds
+    error = " ".join((result.error or "(no error recorded)").split())  # one line, always
+    if result.outcome == "dead":
+        logger.error(
+            "conversation %s is dead after attempt %d (%.2f s): %s; no worker will try it "
+            "again: `episodic status` lists it, `episodic compact %s` retries it",
+            conversation,
+            attempt,
+            seconds,
+            error,
+            conversation,
+        )
+    elif result.outcome == "failed":
+        retry = (
+            f"next attempt in {result.retry_in:.1f} s"
+            if result.retry_in is not None
+            else "next attempt once its lease expires"
+        )
+        logger.warning(
+            "conversation %s: attempt %d failed (%.2f s), %s: %s",
+            conversation,
+            attempt,
+            seconds,
+            retry,
+            error,
+        )
+    elif result.outcome == "fallback":
+        logger.warning(
+            "conversation %s: attempt %d failed (%.2f s), wrote the extractive fallback "
+            "boundary instead: %s",
+            conversation,
+            attempt,
+            seconds,
+            error,
+        )
+    elif result.outcome == "lease_lost":
+        logger.warning(
+            "conversation %s: attempt %d lost its lease (%.2f s), its work was discarded: %s",
+            conversation,
+            attempt,
+            seconds,
+            error,
+        )
+    else:
+        logger.info(
+            "conversation %s: %s (attempt %d, %.2f s)%s",
+            conversation,
+            result.outcome,
+            attempt,
+            seconds,
+            f": {error}" if result.error else "",
+        )
+
+
+__all__ = ["CompactionWorker", "log_result"]

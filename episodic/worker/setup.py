@@ -6,6 +6,7 @@ from episodic.errors import ConfigurationError
 from episodic.settings import EpisodicSettings
 from episodic.store import EpisodicStore
 from episodic.summarizers import ExtractiveSummarizer, OpenAIChatSummarizer, Summarizer
+from episodic.summarizers.openai_chat import OPENAI_BASE_URL, redact_url
 from episodic.worker.job import CompactionOptions
 from episodic.worker.metrics import WorkerMetrics
 from episodic.worker.runner import CompactionWorker
@@ -16,9 +17,15 @@ def summarizer_from_settings(settings: EpisodicSettings) -> Summarizer:
     if settings.summarizer == "extractive":
         return ExtractiveSummarizer()
     if not settings.summarizer_model:
+        endpoint = (
+            f"EPISODIC_SUMMARIZER_BASE_URL is {redact_url(settings.summarizer_base_url)}"
+            if settings.summarizer_base_url
+            else f"EPISODIC_SUMMARIZER_BASE_URL is unset, so requests would go to "
+            f"{OPENAI_BASE_URL} (OpenAI's API; set it for another OpenAI-compatible server)"
+        )
         raise ConfigurationError(
-            "EPISODIC_SUMMARIZER=openai needs EPISODIC_SUMMARIZER_MODEL (and usually "
-            "EPISODIC_SUMMARIZER_BASE_URL and EPISODIC_SUMMARIZER_API_KEY)"
+            "EPISODIC_SUMMARIZER=openai needs EPISODIC_SUMMARIZER_MODEL, the model to ask "
+            f"(and usually EPISODIC_SUMMARIZER_API_KEY); {endpoint}"
         )
     key = settings.summarizer_api_key
     return OpenAIChatSummarizer(

@@ -88,7 +88,11 @@ async def test_becoming_due_notifies_postgres_listeners(pg_store: EpisodicStore)
         await pg_store.append(conv, [Message.user("go")])
         assert await asyncio.wait_for(received.get(), timeout=5) == str(conv)
         await pg_store.append(conv, [Message.user("again")])  # already due: no second wake-up
-        await asyncio.sleep(0.2)
+        # A barrier, not a sleep: notifications arrive in commit order, so once a later
+        # conversation's wake-up is here, a second one for conv would have come before it.
+        later = await pg_store.create_conversation()
+        await pg_store.append(later, [Message.user("go")])
+        assert await asyncio.wait_for(received.get(), timeout=5) == str(later)
         assert received.empty()
     finally:
         await listener.close()

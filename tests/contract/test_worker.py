@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+import logging
+from datetime import UTC
 from uuid import UUID
 
 import pytest
@@ -14,6 +15,7 @@ from episodic.models import BoundaryEvent
 from episodic.policy import EpisodicCompactionConfig
 from episodic.summarizers import SummarizerError, SummaryResult
 from episodic.worker import CompactionOptions, CompactionWorker
+from episodic.worker.backoff import JITTER
 from tests.support import snapshot
 
 
@@ -143,16 +145,22 @@ async def test_failures_back_off_then_die_and_write_nothing(
         summarizer_timeout=0.2,
     )
     for attempt in range(1, 4):
-        started = datetime.now(UTC)
         [result] = await worker.run_once()
         head = await store.get_conversation(conv)
         assert head.compaction_attempts == attempt
         if attempt < 3:
             assert result.outcome == "failed"
             assert head.next_attempt_at is not None
-            delay = (head.next_attempt_at - started).total_seconds()
+            # The delay as stored: next_attempt_at and the ledger's finished_at are the same
+            # database instant (end_attempt's now()), so no test-side clock or load enters it.
+            finished_at = (await _attempts(database_url, conv))[-1][8]
+            if finished_at.tzinfo is None:  # SQLite stores UTC without an offset
+                finished_at = finished_at.replace(tzinfo=UTC)
+            delay = (head.next_attempt_at - finished_at).total_seconds()
             expected = 100.0 * 2 ** (attempt - 1)
-            assert expected * 0.9 - 1 <= delay <= expected * 1.1 + 1
+            assert expected * (1 - JITTER) - 1e-3 <= delay <= expected * (1 + JITTER) + 1e-3
+            assert result.retry_in is not None
+            assert abs(delay - result.retry_in) < 1e-3  # what the worker asked for is stored
             assert await worker.run_once() == []  # not before its time
             await _make_retry_due_now(store, database_url, conv)
         else:
@@ -164,6 +172,115 @@ async def test_failures_back_off_then_die_and_write_nothing(
     assert (await store.load_context(conv)).boundary is None
 
 
+def _worker_lines(caplog: pytest.LogCaptureFixture, conv: UUID) -> list[logging.LogRecord]:
+    return [
+        r for r in caplog.records if r.name == "episodic.worker" and str(conv) in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize("failure", ["summarizer_error", "timeout", "empty"])
+async def test_failed_attempts_log_warnings_and_the_dead_state_an_error(
+    store: EpisodicStore, database_url: str, caplog: pytest.LogCaptureFixture, failure: str
+) -> None:
+    caplog.set_level(logging.INFO, logger="episodic")
+    conv = await _due_conversation(store)
+
+    async def hang() -> str:
+        await asyncio.sleep(5)
+        return "too late"
+
+    step: object = {
+        "summarizer_error": SummarizerError(
+            "s at http://127.0.0.1:9/v1 (model m): HTTP 503 Service Unavailable: overloaded",
+            summarizer="s",
+            retryable=True,
+        ),
+        "timeout": hang,
+        "empty": "",
+    }[failure]
+    reason = {
+        "summarizer_error": "HTTP 503 Service Unavailable",
+        "timeout": "did not answer within 0.2 s",
+        "empty": "returned an empty summary",
+    }[failure]
+    worker = _worker(
+        store,
+        ScriptedSummarizer(default=step),
+        max_attempts=3,
+        backoff_base=100.0,
+        summarizer_timeout=0.2,
+    )
+    for attempt in range(1, 4):
+        [result] = await worker.run_once()
+        assert result.outcome == ("dead" if attempt == 3 else "failed")
+        await _make_retry_due_now(store, database_url, conv)
+
+    lines = _worker_lines(caplog, conv)
+    assert [r.levelno for r in lines] == [logging.WARNING, logging.WARNING, logging.ERROR], [
+        (r.levelname, r.getMessage()) for r in lines
+    ]
+    for attempt, line in enumerate(lines[:2], 1):
+        text = line.getMessage()
+        assert f"attempt {attempt} failed" in text, text
+        assert "next attempt in" in text, text
+        assert reason in text, text
+    dead = lines[2].getMessage()
+    assert "is dead after attempt 3" in dead, dead
+    assert reason in dead, dead
+    assert "`episodic status` lists it" in dead, dead
+    # An expected failure is one line each: no traceback, from the worker or the job.
+    assert all(r.exc_info is None for r in caplog.records if r.name.startswith("episodic"))
+    assert all("\n" not in r.getMessage() for r in lines)
+
+
+async def test_a_non_retryable_error_logs_one_error_line(
+    store: EpisodicStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="episodic")
+    conv = await _due_conversation(store)
+    bad_key = SummarizerError(
+        "s at https://api.openai.com/v1 (model m): HTTP 401 Unauthorized: bad key",
+        summarizer="s",
+        retryable=False,
+    )
+    [result] = await _worker(store, ScriptedSummarizer(bad_key)).run_once()
+    assert result.outcome == "dead"
+    [line] = _worker_lines(caplog, conv)
+    assert line.levelno == logging.ERROR
+    assert line.exc_info is None
+    assert "is dead after attempt 1" in line.getMessage()
+    assert "https://api.openai.com/v1 (model m): HTTP 401 Unauthorized" in line.getMessage()
+
+
+async def test_an_unexpected_exception_keeps_its_traceback(
+    store: EpisodicStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="episodic")
+    conv = await _due_conversation(store)
+    [result] = await _worker(
+        store, ScriptedSummarizer(RuntimeError("a bug in the summarizer")), backoff_base=100.0
+    ).run_once()
+    assert result.outcome == "failed"
+    traceback, outcome = _worker_lines(caplog, conv)
+    assert (traceback.levelno, outcome.levelno) == (logging.ERROR, logging.WARNING)
+    assert traceback.exc_info is not None  # a bug: the traceback is what to read
+    assert "failed unexpectedly (attempt 1)" in traceback.getMessage()
+    assert "attempt 1 failed" in outcome.getMessage()
+    assert "RuntimeError: a bug in the summarizer" in outcome.getMessage()
+
+
+async def test_a_success_logs_at_info(
+    store: EpisodicStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="episodic")
+    conv = await _due_conversation(store)
+    [result] = await _worker(store, ScriptedSummarizer("fine")).run_once()
+    assert result.outcome == "succeeded"
+    [line] = _worker_lines(caplog, conv)
+    assert line.levelno == logging.INFO
+    assert "succeeded (attempt 1" in line.getMessage()
+
+
 async def test_a_non_retryable_error_dies_at_once(store: EpisodicStore) -> None:
     conv = await _due_conversation(store)
     bad_key = SummarizerError("401 unauthorized", summarizer="s", retryable=False)
@@ -173,8 +290,9 @@ async def test_a_non_retryable_error_dies_at_once(store: EpisodicStore) -> None:
 
 
 async def test_fallback_writes_a_deterministic_boundary(
-    store: EpisodicStore, database_url: str
+    store: EpisodicStore, database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="episodic")
     conv = await _due_conversation(store)
     failing = SummarizerError("boom", summarizer="s", retryable=True)
     [result] = await _worker(
@@ -189,6 +307,10 @@ async def test_fallback_writes_a_deterministic_boundary(
     [attempt] = await _attempts(database_url, conv)
     assert attempt[5] == "fallback"
     assert "boom" in str(attempt[6])
+    [line] = _worker_lines(caplog, conv)  # the model's answer was not used: a warning
+    assert line.levelno == logging.WARNING
+    assert "extractive fallback" in line.getMessage()
+    assert "boom" in line.getMessage()
 
 
 async def test_a_late_write_after_losing_the_lease_is_refused(

@@ -179,17 +179,21 @@ class WorkerProcesses:
 
 
 class TimedOpenAIServer(FakeOpenAIServer):
-    """The fake OpenAI server, also noting when each request arrived (``time.monotonic()``),
-    so a test knows when a delayed reply can have been sent at the earliest."""
+    """The fake OpenAI server, also noting when each request arrived and each answer was sent
+    (``time.monotonic()``, the workers' clock too)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.arrivals: list[float] = []
+        self.answers: list[float] = []
 
     def _next_reply(self) -> Reply:
         # Called once per request, right after it is recorded.
         self.arrivals.append(time.monotonic())
         return super()._next_reply()
+
+    def _answering(self, reply: Reply) -> None:
+        self.answers.append(time.monotonic())
 
 
 async def create_due_conversation(store: EpisodicStore, label: str) -> UUID:

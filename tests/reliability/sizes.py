@@ -1,4 +1,4 @@
-"""Battery sizes: CI size by default, nightly size with ``EPISODIC_NIGHTLY=1``.
+"""Battery sizes: CI size by default, nightly size with ``EPISODIC_TEST_NIGHTLY=1``.
 
 The conftest scrubs EPISODIC_* variables from each test's environment, so the switch is read
 here, once, at import time.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import random
 
-NIGHTLY = os.environ.get("EPISODIC_NIGHTLY") == "1"
+NIGHTLY = os.environ.get("EPISODIC_TEST_NIGHTLY") == "1"
 
 
 def size(ci: int, nightly: int) -> int:

@@ -86,23 +86,23 @@ class LockWaits:
     waits: set[tuple[int, datetime]] = field(default_factory=set)
 
 
-async def _watch_lock_waits(url: str, exclude_pid: int, stop: asyncio.Event) -> LockWaits:
+async def _watch_lock_waits(
+    monitor: asyncpg.Connection, exclude_pid: int, stop: asyncio.Event
+) -> LockWaits:
+    """Sample ``monitor``'s view of lock waits until ``stop``. The connection is opened by the
+    caller before the append is timed, so its handshake never runs inside the timed window."""
     seen = LockWaits()
-    monitor = await asyncpg.connect(asyncpg_dsn(url))
-    try:
-        while not stop.is_set():
-            rows = await monitor.fetch(
-                "SELECT pid, query_start FROM pg_stat_activity"
-                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                "   AND pid <> $1 AND pid <> pg_backend_pid()",
-                exclude_pid,
-            )
-            seen.samples += 1
-            seen.waits.update((r["pid"], r["query_start"]) for r in rows)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), POLL)
-    finally:
-        await monitor.close()
+    while not stop.is_set():
+        rows = await monitor.fetch(
+            "SELECT pid, query_start FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            "   AND pid <> $1 AND pid <> pg_backend_pid()",
+            exclude_pid,
+        )
+        seen.samples += 1
+        seen.waits.update((r["pid"], r["query_start"]) for r in rows)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), POLL)
     return seen
 
 
@@ -133,6 +133,7 @@ async def test_t13_append_waiting_on_a_held_row_lock_times_out(
     waited: list[float] = []
     lock_waits: list[int] = []
     holder = await asyncpg.connect(asyncpg_dsn(postgres_url))
+    monitor = await asyncpg.connect(asyncpg_dsn(postgres_url))
     try:
         for repeat in range(REPEATS):
             message = Message.user(
@@ -149,7 +150,7 @@ async def test_t13_append_waiting_on_a_held_row_lock_times_out(
                 before = await snapshot(postgres_url)
                 stop = asyncio.Event()
                 watcher = asyncio.create_task(
-                    _watch_lock_waits(postgres_url, holder.get_server_pid(), stop)
+                    _watch_lock_waits(monitor, holder.get_server_pid(), stop)
                 )
                 started = time.monotonic()
                 try:
@@ -199,6 +200,7 @@ async def test_t13_append_waiting_on_a_held_row_lock_times_out(
         print(summary)
         record_property(f"t13a_{keying}", summary)
         await holder.close()
+        await monitor.close()
 
 
 # ---- (b) idle in transaction -----------------------------------------------------------------
@@ -364,9 +366,12 @@ async def test_t13_idle_in_transaction_session_is_terminated_and_job_reclaimed(
 
             # The raw claim died with its transaction: the job is free now, first attempt.
             taken: dict[UUID, Any] = {}
+            polling_since = await monitor.fetchval("SELECT clock_timestamp()")
             deadline = time.monotonic() + LEASE_SECONDS + 5
             while conv not in taken and time.monotonic() < deadline:
-                for got in await store.claim_due("worker-B", limit=10, lease_seconds=30):
+                # B never ends these claims: a lease that outlives every repeat (50 nightly),
+                # so an earlier repeat's job never turns up again in a later repeat's claims.
+                for got in await store.claim_due("worker-B", limit=10, lease_seconds=3600):
                     assert got.conversation_id not in taken, context
                     taken[got.conversation_id] = got
                 if conv not in taken:
@@ -381,9 +386,13 @@ async def test_t13_idle_in_transaction_session_is_terminated_and_job_reclaimed(
                 f"re-claimed at {again.claimed_at}, before the lease ended at "
                 f"{claim.lease_expires_at}: {context}"
             )
-            lag = (again.claimed_at - claim.lease_expires_at).total_seconds()
+            # How long the job waited once it could be claimed and the test was asking for it:
+            # from the lease's end, or from the first poll if a slow (loaded) idle phase ran
+            # past the lease; both ends on the database's clock.
+            claimable = max(claim.lease_expires_at, polling_since)
+            lag = (again.claimed_at - claimable).total_seconds()
             reclaim_lags.append(lag)
-            assert lag <= 0.5, f"re-claimed {lag:.3f} s after the lease ended: {context}"
+            assert lag <= 0.5, f"re-claimed {lag:.3f} s after it could be: {context}"
             # The store still works: the dead connection was dropped from its pool.
             [event] = await store.append(conv, [Message.user(f"after repeat {repeat}")])
             assert event.seq == 3, context
@@ -396,7 +405,7 @@ async def test_t13_idle_in_transaction_session_is_terminated_and_job_reclaimed(
             f"(bound {timeout + IDLE_SLACK:.1f} s); "
             f"appends waiting on the lock finished within {max(append_waits, default=0):.3f} s; "
             f"jobs re-claimed {min(reclaim_lags, default=0):.3f}-"
-            f"{max(reclaim_lags, default=0):.3f} s after lease end ({LEASE_SECONDS} s lease), "
+            f"{max(reclaim_lags, default=0):.3f} s after claimable ({LEASE_SECONDS} s lease), "
             f"{refused_early} claim_due calls refused while leased; dead session's next "
             f"statement raised {sorted(failures)}"
         )

@@ -6,7 +6,7 @@ to random conversations among C. 5% of the appends pass a deliberately stale ``e
 (below the head the writer has just read) and 5% pass the head just read. Two reader processes
 call ``load_context`` and ``read_events`` in a loop until the writers are done. All processes
 are released together by a ``multiprocessing.Barrier``. CI: W=8, M=250, C=4 (2,000 appends), 3
-seeds; nightly (``EPISODIC_NIGHTLY=1``): W=16, M=500, C=4 (8,000 appends), 20 seeds.
+seeds; nightly (``EPISODIC_TEST_NIGHTLY=1``): W=16, M=500, C=4 (8,000 appends), 20 seeds.
 
 Pass criteria, each counted: in each conversation ``seq`` = 1..n with 0 gaps and 0
 duplicates; the stored messages are exactly the acknowledged ones, at the seqs their appends

@@ -4,7 +4,7 @@ Scenario: two writer processes, each with its own store holding one connection, 
 by a ``multiprocessing.Barrier`` and each append one batch of N small user messages (a few
 dozen bytes each, far below ``max_message_bytes``; ``append`` has no batch-length limit) to
 the same fresh conversation, in one ``store.append`` call. Repeated R times, one conversation
-per repeat. CI: 2 x 1,000 items, 5 repeats; nightly (``EPISODIC_NIGHTLY=1``): 2 x 5,000, 20
+per repeat. CI: 2 x 1,000 items, 5 repeats; nightly (``EPISODIC_TEST_NIGHTLY=1``): 2 x 5,000, 20
 repeats.
 
 Pass criteria, each counted: the conversation holds exactly 2N events with seqs 1..2N; each

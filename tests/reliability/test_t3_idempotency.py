@@ -34,7 +34,7 @@ Run:
     cd /work/main && \\
     EPISODIC_TEST_DATABASE_URL=postgresql+asyncpg://postgres@127.0.0.1:5432/postgres \\
         .venv/bin/pytest tests/reliability/test_t3_idempotency.py -x -q -s
-(add ``EPISODIC_NIGHTLY=1`` for 5,000 appends).
+(add ``EPISODIC_TEST_NIGHTLY=1`` for 5,000 appends).
 """
 
 from __future__ import annotations

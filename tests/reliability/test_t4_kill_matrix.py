@@ -24,7 +24,7 @@ Pass criteria (all asserted, with the seed in every message):
 
 Run: EPISODIC_TEST_DATABASE_URL=postgresql+asyncpg://postgres@127.0.0.1:5432/postgres \
     .venv/bin/pytest tests/reliability/test_t4_kill_matrix.py -x -q -s
-(EPISODIC_NIGHTLY=1 for K=500.)
+(EPISODIC_TEST_NIGHTLY=1 for K=500.)
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ test database (``datname = current_database()``, never its own connection, never
 database). Chaos stops after D seconds; the workload goes on for 3.5 s more, then everything
 stops and each writer re-sends, with the same key and batch, every acknowledged append that
 met an error on the way (and 20 others). CI: D=20 s (~100 terminations), W=4, C=4; nightly
-(``EPISODIC_NIGHTLY=1``): D=120 s (~600), W=8. One run, fixed seed; two tests judge it.
+(``EPISODIC_TEST_NIGHTLY=1``): D=120 s (~600), W=8. One run, fixed seed; two tests judge it.
 
 ``test_t5_invariants_hold_under_backend_terminations``, each counted: all T1 invariants (seqs
 1..n with 0 gaps and 0 duplicates, boundaries included; stored messages = acknowledged appends

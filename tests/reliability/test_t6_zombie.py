@@ -20,7 +20,7 @@ Pass criteria (every repeat, seed-free: the races are driven by signals and file
 
 Run: EPISODIC_TEST_DATABASE_URL=postgresql+asyncpg://postgres@127.0.0.1:5432/postgres \
     .venv/bin/pytest tests/reliability/test_t6_zombie.py -x -q -s
-(EPISODIC_NIGHTLY=1 for 200 repeats.)
+(EPISODIC_TEST_NIGHTLY=1 for 200 repeats.)
 """
 
 from __future__ import annotations

@@ -20,15 +20,16 @@ Pass criteria (seed in every message):
   no retry is claimed before its next_attempt_at.
 - permanently failing conversations end dead with the raw log intact and 0 boundaries; the
   others have exactly one boundary; every raw log is unchanged.
-- every hung call is cut at the timeout (cancelled 0.5 s after it started, +0.5 s slack) and
-  recorded as "did not answer within 0.5 s".
+- every hung call is cut at the timeout (cancelled 0.5 s after it started, +0.5 s slack; it
+  starts when the worker calls the summarizer, the origin of the worker's own timeout, see
+  worker_child.FakeSummarizer.summarize) and recorded as "did not answer within 0.5 s".
 - pg_stat_activity: 0 worker sessions seen 'idle in transaction' for more than 1 s, and, in
   every sample taken entirely inside a worker's LLM call, none of that worker's sessions has a
   transaction open or a statement active.
 
 Run: EPISODIC_TEST_DATABASE_URL=postgresql+asyncpg://postgres@127.0.0.1:5432/postgres \
     .venv/bin/pytest tests/reliability/test_t7_summarizer_failure.py -x -q -s
-(EPISODIC_NIGHTLY=1 for 1,000 jobs.)
+(EPISODIC_TEST_NIGHTLY=1 for 1,000 jobs.)
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ nothing; every claim is granted or refused, and every attempt ends (succeeded, l
 nothing_to_compact), exactly as the model's lease state says. 0 invariant failures.
 
 Run: ``EPISODIC_TEST_DATABASE_URL=postgresql+asyncpg://postgres@127.0.0.1:5432/postgres
-.venv/bin/pytest tests/reliability/test_t8_stateful.py -x -q -s`` (``EPISODIC_NIGHTLY=1`` for
+.venv/bin/pytest tests/reliability/test_t8_stateful.py -x -q -s`` (``EPISODIC_TEST_NIGHTLY=1`` for
 nightly sizes).
 """
 

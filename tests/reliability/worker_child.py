@@ -47,7 +47,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -172,12 +172,19 @@ class FakeSummarizer:
     def __init__(self, child: Child) -> None:
         self.child = child
 
-    async def summarize(self, request: Any) -> SummaryResult:
+    def summarize(self, request: Any) -> Coroutine[Any, Any, SummaryResult]:
+        # Not ``async def``: the clock is read when the worker calls summarize(), before
+        # ``asyncio.wait_for`` arms its timeout and schedules the call as a task. A call's
+        # ``elapsed`` then starts no later than the timeout's own origin, so a hung call's
+        # cancellation is measured against the quantity the worker guarantees, not shortened
+        # by the wait (under load, arbitrarily long) for the task's first step.
+        return self._summarize(request, time.monotonic())
+
+    async def _summarize(self, request: Any, started: float) -> SummaryResult:
         child = self.child
         cid = CURRENT.get() or "?"
         claim = child.claims.get(cid)
         attempt = claim.attempt if claim is not None else 0
-        started = time.monotonic()
         report("llm_enter", cid=cid, attempt=attempt)
         how = "ok"
         try:

@@ -3,6 +3,7 @@ object (a stand-in and, when installed, a real cliver-core AgentCore), and the e
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -19,6 +20,7 @@ from episodic.compaction import (
 )
 from episodic.errors import ConfigurationError, EpisodicError
 from episodic.models import Message, ToolCall, Usage
+from episodic.settings import EpisodicSettings
 from episodic.summarizers import (
     AgentSummarizer,
     ExtractiveSummarizer,
@@ -28,7 +30,9 @@ from episodic.summarizers import (
     SummaryResult,
     parse_transcript,
 )
+from episodic.summarizers.openai_chat import OPENAI_BASE_URL
 from episodic.tokens import CharHeuristic
+from episodic.worker.setup import summarizer_from_settings
 from tests.support_openai import FakeOpenAIServer, Reply, chat_completion, error_body
 
 CHARS = CharHeuristic()
@@ -138,8 +142,34 @@ async def test_openai_http_errors_are_classified_and_not_retried_by_the_sdk(
     assert error.retryable is retryable
     assert error.status_code == status
     assert f"HTTP {status}" in str(error)
+    assert f" at {server.base_url} (model cheap-model): " in str(error)
     assert error.summarizer == "openai-chat:cheap-model"
     assert len(server.requests) == 1  # the worker owns retries, the SDK makes none
+
+
+@pytest.mark.parametrize(
+    ("status", "phrase", "retryable"),
+    [(401, "Unauthorized", False), (500, "Internal Server Error", True)],
+)
+async def test_openai_http_error_names_the_url_and_the_model(
+    server: FakeOpenAIServer,
+    summarizer: OpenAIChatSummarizer,
+    status: int,
+    phrase: str,
+    retryable: bool,
+) -> None:
+    server.add(Reply(status, error_body(f"scripted {status}")))
+
+    with pytest.raises(SummarizerError) as caught:
+        await summarizer.summarize(_request())
+
+    where = f"{server.base_url} (model cheap-model)"
+    assert str(caught.value).startswith(
+        f"openai-chat:cheap-model at {where}: HTTP {status} {phrase}: "
+    ), str(caught.value)
+    assert f"scripted {status}" in str(caught.value)  # the server's own words
+    assert caught.value.endpoint == where
+    assert caught.value.retryable is retryable
 
 
 async def test_openai_rate_limit_carries_the_retry_hint(
@@ -155,7 +185,8 @@ async def test_openai_rate_limit_carries_the_retry_hint(
 
 
 async def test_openai_timeout_is_retryable(server: FakeOpenAIServer) -> None:
-    server.add(Reply(200, chat_completion("too late"), delay=5.0))
+    hold = 30.0  # the answer exists only this long after the request arrived
+    server.add(Reply(200, chat_completion("too late"), delay=hold))
     async with OpenAIChatSummarizer(
         "m", base_url=server.base_url, api_key="k", timeout=0.3
     ) as summarizer:
@@ -166,7 +197,10 @@ async def test_openai_timeout_is_retryable(server: FakeOpenAIServer) -> None:
 
     assert caught.value.retryable
     assert caught.value.status_code is None
-    assert elapsed < 2.0
+    assert f" at {server.base_url} (model m): " in str(caught.value)
+    # Cut by the timeout, not by the answer: a load-stalled loop may be late to cancel, but
+    # only a client that waited for the reply can take the whole hold (same clock as asyncio).
+    assert 0.3 <= elapsed < hold, elapsed
     assert len(server.requests) == 1
 
 
@@ -179,6 +213,11 @@ async def test_openai_unreachable_endpoint_is_retryable() -> None:
 
     assert caught.value.retryable
     assert caught.value.status_code is None
+    message = str(caught.value)
+    assert message.startswith(f"openai-chat:m at {base_url} (model m): "), message
+    assert "could not be reached" in message
+    assert "ConnectError" in message  # the transport's reason, not only "Connection error."
+    assert caught.value.endpoint == f"{base_url} (model m)"
 
 
 @pytest.mark.parametrize("content", ["", "  \n ", None])
@@ -237,6 +276,85 @@ def test_openai_repr_hides_the_key() -> None:
 
     assert "sk-secret" not in repr(summarizer)
     assert summarizer.base_url == "https://api.openai.com/v1"
+
+
+def test_openai_logs_once_where_it_sends(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="episodic.summarizers")
+
+    default = OpenAIChatSummarizer("gpt-4.1-mini", api_key="k")
+    local = OpenAIChatSummarizer("llama", base_url="http://127.0.0.1:11434/v1/", api_key="k")
+
+    assert default.base_url == OPENAI_BASE_URL == "https://api.openai.com/v1"
+    assert local.base_url == "http://127.0.0.1:11434/v1"
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("episodic.summarizers")]
+    assert len(lines) == 2, lines  # one line per summarizer, at creation
+    assert all(r.levelno == logging.INFO for r in caplog.records)
+    assert "https://api.openai.com/v1" in lines[0]
+    assert "model gpt-4.1-mini" in lines[0]
+    assert "default" in lines[0]
+    assert "http://127.0.0.1:11434/v1" in lines[1]
+    assert "model llama" in lines[1]
+
+
+def test_openai_never_logs_a_password_or_query_in_the_url(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="episodic.summarizers")
+    url = "https://user:hunter2@gateway.example/v1?key=sk-query"
+
+    summarizer = OpenAIChatSummarizer("m", base_url=url, api_key="k")
+
+    assert summarizer.base_url == url  # requests still go there
+    shown = [summarizer.endpoint, repr(summarizer), *(r.getMessage() for r in caplog.records)]
+    assert not [text for text in shown if "hunter2" in text or "sk-query" in text], shown
+    assert summarizer.endpoint == "https://user:***@gateway.example/v1?*** (model m)"
+
+
+async def test_openai_with_a_client_reports_the_clients_url(server: FakeOpenAIServer) -> None:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(api_key="k", base_url=server.base_url, max_retries=5)
+    server.add(Reply(401, error_body("bad key")))
+
+    summarizer = OpenAIChatSummarizer("m", client=client)
+    with pytest.raises(SummarizerError) as caught:
+        await summarizer.summarize(_request())
+
+    assert summarizer.base_url == server.base_url
+    assert str(caught.value).startswith(f"openai-chat:m at {server.base_url} (model m): HTTP 401")
+    await client.close()
+
+
+def test_settings_without_a_model_say_which_url_would_be_used() -> None:
+    settings = EpisodicSettings(
+        _env_file=None, summarizer="openai", summarizer_model=None, summarizer_base_url=None
+    )
+
+    with pytest.raises(ConfigurationError) as caught:
+        summarizer_from_settings(settings)
+
+    message = str(caught.value)
+    assert "EPISODIC_SUMMARIZER_MODEL" in message
+    assert "EPISODIC_SUMMARIZER_BASE_URL is unset" in message
+    assert OPENAI_BASE_URL in message
+
+    custom = settings.model_copy(update={"summarizer_base_url": "http://127.0.0.1:8000/v1"})
+    with pytest.raises(ConfigurationError, match=r"EPISODIC_SUMMARIZER_BASE_URL is http://127"):
+        summarizer_from_settings(custom)
+
+
+def test_settings_with_a_model_build_the_summarizer_for_that_url() -> None:
+    settings = EpisodicSettings(
+        _env_file=None,
+        summarizer="openai",
+        summarizer_model="cheap",
+        summarizer_base_url="http://127.0.0.1:8000/v1",
+    )
+
+    summarizer = summarizer_from_settings(settings)
+
+    assert isinstance(summarizer, OpenAIChatSummarizer)
+    assert (summarizer.base_url, summarizer.model) == ("http://127.0.0.1:8000/v1", "cheap")
 
 
 # ---- AgentSummarizer --------------------------------------------------------------------
