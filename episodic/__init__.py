@@ -9,14 +9,17 @@ from episodic.context import Context
 from episodic.errors import (
     ConfigurationError,
     ConflictError,
+    DatabaseUnavailableError,
     DuplicateToolCallError,
     EpisodicError,
     IdempotencyMismatchError,
+    IntegrityViolationError,
     LeaseLostError,
     LockTimeoutError,
     MessageTooLargeError,
     NotFoundError,
     OrphanToolResultError,
+    SchemaNotMigratedError,
     TenantDeniedError,
     ToolPairingError,
     TransientDatabaseError,
@@ -46,6 +49,9 @@ from episodic.settings import EpisodicSettings
 from episodic.store import EpisodicStore
 from episodic.tokens import CharHeuristic, TiktokenEstimator, TokenEstimator
 
+#: The package's version (the wheel's, read by the build from this line).
+__version__ = "0.1.0"
+
 __all__ = [
     "BoundaryEvent",
     "CharHeuristic",
@@ -53,6 +59,7 @@ __all__ = [
     "ConflictError",
     "Context",
     "Conversation",
+    "DatabaseUnavailableError",
     "DuplicateToolCallError",
     "EpisodicCompactionConfig",
     "EpisodicCompactionPressure",
@@ -62,6 +69,7 @@ __all__ = [
     "EpisodicStore",
     "IdempotencyMismatchError",
     "ImageBlock",
+    "IntegrityViolationError",
     "LeaseLostError",
     "LockTimeoutError",
     "Message",
@@ -70,6 +78,7 @@ __all__ = [
     "NotFoundError",
     "OrphanToolResultError",
     "RunCompletedEvent",
+    "SchemaNotMigratedError",
     "StoredEvent",
     "TenantDeniedError",
     "TextBlock",

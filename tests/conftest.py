@@ -42,7 +42,7 @@ def _start_container() -> tuple[str, object]:
     try:
         from testcontainers.community.postgres import PostgresContainer
 
-        container = PostgresContainer("postgres:16-alpine", driver="asyncpg")
+        container = PostgresContainer("postgres:15-alpine", driver="asyncpg")
         container.start()
     except Exception as exc:
         pytest.exit(

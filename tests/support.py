@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
+import os
 import struct
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
+import pytest
 from sqlalchemy import select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -23,10 +27,12 @@ from episodic.store.projection import counters_of
 from episodic.store.schema import metadata
 
 __all__ = [
+    "INSTALL_LINE",
     "RoundTripCounter",
     "asyncpg_dsn",
     "counters_of",
     "execute_raw",
+    "require_extra",
     "sent_after_cut",
     "snapshot",
     "store_through_proxy",
@@ -34,6 +40,25 @@ __all__ = [
 ]
 
 TABLES = ("episodic_conversations", "episodic_events", "episodic_compaction_attempts")
+
+#: What README tells a new user to install; every optional package the suite needs is in it.
+INSTALL_LINE = 'pip install -e ".[dev]"'
+#: Set by .ci/run, which installs everything: there a missing extra fails the run instead of
+#: skipping tests. Read at import, before the tests' environment is scrubbed.
+REQUIRE_EXTRAS = os.environ.get("EPISODIC_TEST_REQUIRE_EXTRAS") == "1"
+
+
+def require_extra(module: str, extra: str) -> ModuleType:
+    """Import ``module``, which the ``episodic[extra]`` extra installs; when it is missing,
+    skip the calling test (or module) saying how to install it, or fail the run where CI
+    requires every extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        message = f"needs {module} (episodic[{extra}]): {INSTALL_LINE} installs it"
+        if REQUIRE_EXTRAS:
+            pytest.fail(f"{message}; EPISODIC_TEST_REQUIRE_EXTRAS=1 ({exc})", pytrace=False)
+        pytest.skip(message, allow_module_level=True)
 
 
 def url_through(url: str, port: int) -> str:

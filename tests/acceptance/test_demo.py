@@ -20,6 +20,7 @@ from episodic import EpisodicSettings, EpisodicStore, StoredEvent
 from episodic.compaction import DEFAULT_SUMMARY_PREFIX
 from episodic.demo import DemoError, DemoReport, run_demo
 from episodic.models import BoundaryEvent, MessageEvent, RunCompletedEvent
+from tests.support import require_extra
 
 MAX_SECONDS = 10.0
 
@@ -211,7 +212,7 @@ async def test_without_a_directory_it_uses_a_new_temporary_one_and_the_same_figu
 
 
 async def test_an_openai_compatible_summarizer_is_used_when_configured(tmp_path: Path) -> None:
-    pytest.importorskip("openai")
+    require_extra("openai", "openai")
     from tests.support_openai import FakeOpenAIServer, chat_completion
 
     handoff = "The agent fixed CI on PR #913; next: post the note to #payments-eng."
@@ -229,7 +230,7 @@ async def test_an_openai_compatible_summarizer_is_used_when_configured(tmp_path:
 
 
 async def test_a_failing_summarizer_stops_the_demo_with_its_error(tmp_path: Path) -> None:
-    pytest.importorskip("openai")
+    require_extra("openai", "openai")
     from tests.support_openai import FakeOpenAIServer, Reply, error_body
 
     reply = Reply(401, error_body("Incorrect API key provided", error_type="invalid_request"))

@@ -70,6 +70,26 @@ def test_compose_file_is_valid() -> None:
     assert result.returncode == 0, result.stderr
 
 
+def _pip_installs(text: str) -> list[str]:
+    """Each ``pip install`` in ``text`` as the command a person types: no interpreter path,
+    no ``--quiet``, pip's own upgrade left out."""
+    found = []
+    for match in re.finditer(r"pip install ([^\n&;`]*)", text):
+        words = [w for w in match.group(1).split() if w not in ("--quiet", "-q")]
+        if words != ["--upgrade", "pip"]:
+            found.append("pip install " + " ".join(words))
+    return found
+
+
+def test_ci_installs_exactly_what_the_readme_says() -> None:
+    readme = README.read_text(encoding="utf-8")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    try_it = readme.split("## Try it", 1)[1].split("\n## ", 1)[0]
+    (install,) = _pip_installs(try_it)
+    assert install == 'pip install -e ".[dev]"'
+    assert _pip_installs(ci) == [install]
+
+
 def test_ci_runs_the_readme_test_command() -> None:
     readme = README.read_text(encoding="utf-8")
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")

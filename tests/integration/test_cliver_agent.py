@@ -18,7 +18,9 @@ from uuid import UUID
 
 import pytest
 
-cliver_core = pytest.importorskip("cliver_core")
+from tests.support import require_extra
+
+cliver_core = require_extra("cliver_core", "cliver")
 
 from cliver_core import AgentCore, CLIverTool, ModelBinding, ModelBindings, presets  # noqa: E402
 

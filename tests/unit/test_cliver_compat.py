@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
-cliver_core = pytest.importorskip("cliver_core")
+from tests.support import require_extra
+
+cliver_core = require_extra("cliver_core", "cliver")
 
 from cliver_core import AgentCore, CLIverMessage, ModelBinding, ModelBindings  # noqa: E402
 from cliver_core.messages import CLIverMessageChunk, UsageInfo  # noqa: E402

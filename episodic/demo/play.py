@@ -1,14 +1,13 @@
 """``episodic demo``: a long agent session played into a SQLite log, compacted, and shown.
 
 No database server, no API key and no network (unless ``EPISODIC_SUMMARIZER=openai`` points
-the summarizer at an endpoint). The session is scripted and seeded, so every run prints the
-same figures, and every figure printed is read back from the store (``read_events``,
+the summarizer at an endpoint). The session is data (``session.json``), so every run prints
+the same figures, and every figure printed is read back from the store (``read_events``,
 ``load_context``, the boundary), never computed on the side.
 """
 
 from __future__ import annotations
 
-import random
 import shlex
 import tempfile
 import time
@@ -27,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from episodic.context import Context
-from episodic.demo_session import scripted_session
+from episodic.demo.session import scripted_session
 from episodic.errors import ConflictError, EpisodicError
 from episodic.models import BoundaryEvent, Message, MessageEvent, StoredEvent, ToolCall, Usage
 from episodic.settings import EpisodicSettings, load_settings
@@ -50,7 +49,6 @@ DEMO_RECENT_USER_TOKENS = 200
 #: What the agent sends besides the history (system prompt and tool schemas), for the
 #: provider-reported usage on each assistant message.
 SYSTEM_PROMPT_TOKENS = 2_150
-SEED = 4812
 
 
 class DemoError(EpisodicError):
@@ -256,8 +254,7 @@ async def _create_conversation(store: EpisodicStore, console: Console) -> UUID:
 async def _play(store: EpisodicStore, conversation_id: UUID, console: Console) -> _Played:
     """Append the session as an agent server would: the user's request, then per model call
     the assistant message (with its usage) and the tool results, and a run completion."""
-    rng = random.Random(SEED)
-    runs = scripted_session(rng)
+    runs = scripted_session()
     steps = sum(1 + 2 * len(run.turns) + 1 for run in runs)
     sent = 0  # the history the agent sends with its next model call, from the stored estimates
     due: tuple[int, int] | None = None
@@ -289,10 +286,7 @@ async def _play(store: EpisodicStore, conversation_id: UUID, console: Console) -
             )
             previous_input = 0
             for turn in run.turns:
-                calls = [
-                    ToolCall(id=f"call_{rng.getrandbits(64):016x}", name=c.name, args=c.args)
-                    for c in turn.calls
-                ]
+                calls = [ToolCall(id=c.id, name=c.name, args=c.args) for c in turn.calls]
                 names = ", ".join(c.name for c in calls) or "reply"
                 progress.update(task, description=f"run {number}/{len(runs)}: {names}")
                 usage = Usage(
