@@ -59,6 +59,7 @@ from episodic.errors import (
 from episodic.models import MAX_TOKEN_COUNT, ImageBlock, RawBlock, TextBlock
 from episodic.settings import EpisodicSettings
 from episodic.store.engine import parse_database_url, sqlalchemy_url
+from episodic.store.store import MAX_LEASE_SECONDS
 from tests.conftest import isolated_settings
 from tests.reliability.sizes import size
 from tests.reliability.strategies import (
@@ -877,7 +878,7 @@ def queue_probes(draw: st.DrawFn, conv: UUID) -> Probe:
                 st.just(1e300),
             )
         )
-        ok = type(value) in (int, float) and math.isfinite(value) and 0 < value <= 10**6
+        ok = type(value) in (int, float) and math.isfinite(value) and 0 < value <= MAX_LEASE_SECONDS
     elif part == "limit":
         value = draw(st.one_of(st.integers(-3, 0), overflowing_ints, wrong_types, st.just(10_000)))
         ok = type(value) is int and 1 <= value <= 10_000
