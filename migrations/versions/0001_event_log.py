@@ -1,11 +1,4 @@
-"""The append-only event log: head, events, compaction attempts, and the append functions.
-
-Revision ID: 0001_event_log
-Revises:
-Create Date: 2026-11-30
-"""
-
-from collections.abc import Sequence
+"""The append-only event log: head, events, compaction attempts, and the append functions."""
 
 import sqlalchemy as sa
 from alembic import op
@@ -13,8 +6,6 @@ from sqlalchemy.dialects import postgresql
 
 revision: str = "0001_event_log"
 down_revision: str | None = None
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 APPEND_ONLY = ("episodic_events", "episodic_compaction_attempts")
 

@@ -1,12 +1,6 @@
-"""Compaction due state: the trigger is evaluated on every append, in the same statement.
-
-Revision ID: 0002_compaction_due
-Revises: 0001_event_log
-Create Date: 2026-11-30
-"""
+"""Compaction due state: the trigger is evaluated on every append, in the same statement."""
 
 import importlib.util
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +9,6 @@ from alembic import op
 
 revision: str = "0002_compaction_due"
 down_revision: str | None = "0001_event_log"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 OLD_SIGNATURES = (
     "episodic_append(uuid, bigint, text, text, text[], integer[], text[], text, bigint, integer, "

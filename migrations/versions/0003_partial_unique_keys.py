@@ -11,21 +11,13 @@ Almost every event has neither, so full indexes paid an insert of a NULL entry o
 append, and the client-id index, which also starts with conversation_id, could be chosen by
 the planner for load_context's range on a table not yet analyzed (reading every event of the
 conversation and filtering by seq). The partial indexes enforce the same uniqueness.
-
-Revision ID: 0003_partial_unique_keys
-Revises: 0002_compaction_due
-Create Date: 2026-11-30
 """
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0003_partial_unique_keys"
 down_revision: str | None = "0002_compaction_due"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 KEYS = (
     ("idempotency_key", "uq_episodic_events_conversation_id_idempotency_key"),

@@ -24,20 +24,12 @@ restrict) still sees only its tenant.
 
 SQLite has no roles or row-level security: there, ``store.for_tenant()`` enforces the scope in
 the store. Both get an index for listing a tenant's conversations, newest first.
-
-Revision ID: 0004_tenant_isolation
-Revises: 0003_partial_unique_keys
-Create Date: 2026-11-30
 """
-
-from collections.abc import Sequence
 
 from alembic import op
 
 revision: str = "0004_tenant_isolation"
 down_revision: str | None = "0003_partial_unique_keys"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 TENANT_TABLES = ("episodic_conversations", "episodic_events", "episodic_compaction_attempts")
 ROLES = ("episodic_app", "episodic_worker", "episodic_all_tenants")

@@ -9,20 +9,12 @@ path's job, which no normal role has.
 
 ``EpisodicStore.open()`` reads the revision to tell an unmigrated or outdated database from a
 broken one, so the runtime roles may read ``episodic_alembic_version`` (nothing else about it).
-
-Revision ID: 0005_protected_heads
-Revises: 0004_tenant_isolation
-Create Date: 2026-12-01
 """
-
-from collections.abc import Sequence
 
 from alembic import op
 
 revision: str = "0005_protected_heads"
 down_revision: str | None = "0004_tenant_isolation"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 HEADS = "episodic_conversations"
 ROLES = ("episodic_app", "episodic_worker", "episodic_all_tenants")
