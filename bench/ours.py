@@ -8,7 +8,7 @@ from uuid import UUID
 
 from bench.stats import Latency, Throughput
 from bench.workload import History, text
-from episodic import EpisodicStore, Message
+from episodic import BoundaryRequest, EpisodicStore, Message
 
 BATCH = 1_000
 TAIL = 200
@@ -108,11 +108,13 @@ async def behind_boundary(store: EpisodicStore, size: int, name: str) -> UUID:
     last = await grow(store, conv, history, 0, size)
     await store.write_boundary(
         conv,
-        summary=SUMMARY,
-        covers_through_seq=last,
-        retained=[text(1), text(2)],
-        reason="context_pressure",
-        expected_boundary_seq=None,
+        BoundaryRequest(
+            summary=SUMMARY,
+            covers_through_seq=last,
+            retained=[text(1), text(2)],
+            reason="context_pressure",
+            expected_boundary_seq=None,
+        ),
     )
     await store.append(conv, history.take(TAIL))
     return conv

@@ -47,6 +47,7 @@ from episodic.policy import (
 )
 from episodic.settings import EpisodicSettings
 from episodic.store import EpisodicStore
+from episodic.store.boundaries import BoundaryRequest
 from episodic.tokens import CharHeuristic, TiktokenEstimator, TokenEstimator
 
 #: The package's version (the wheel's, read by the build from this line).
@@ -54,6 +55,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BoundaryEvent",
+    "BoundaryRequest",
     "CharHeuristic",
     "ConfigurationError",
     "ConflictError",

@@ -23,6 +23,7 @@ from episodic.loop import (
 from episodic.models import BoundaryEvent
 from episodic.policy import EpisodicCompactionTrigger
 from episodic.store import EpisodicStore
+from episodic.store.boundaries import BoundaryRequest
 
 logger = logging.getLogger(__name__)
 
@@ -76,12 +77,14 @@ class PersistingCompactor:
         try:
             boundary = await self._store.write_boundary(
                 self._conversation_id,
-                summary=summary_message(plan.summary).text,
-                covers_through_seq=kept.seq - 1,
-                reason=EpisodicCompactionTrigger.CONTEXT_PRESSURE,
-                usage=plan.usage,
-                retention="recent_turns",
-                expected_boundary_seq=self._expected_boundary_seq,
+                BoundaryRequest(
+                    summary=summary_message(plan.summary).text,
+                    covers_through_seq=kept.seq - 1,
+                    reason=EpisodicCompactionTrigger.CONTEXT_PRESSURE,
+                    usage=plan.usage,
+                    retention="recent_turns",
+                    expected_boundary_seq=self._expected_boundary_seq,
+                ),
             )
         except (UnsafeCutError, ConflictError) as exc:
             logger.warning("in-run compaction not persisted: %s", exc)

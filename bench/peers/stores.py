@@ -222,15 +222,19 @@ class Episodic(Store):
             indices = range(s, min(s + GROW_BATCH, size))
             stored = await self._store.append(conv, [self.message(i) for i in indices])
             seqs.update(zip(indices, (e.seq for e in stored), strict=True))
+        from episodic import BoundaryRequest
+
         cut = max(i for i in seqs if kind(i) != "call")
         users = [i for i in range(cut, -1, -1) if kind(i) == "user"][:2]
         await self._store.write_boundary(
             conv,
-            summary=BOUNDARY_SUMMARY,
-            covers_through_seq=seqs[cut],
-            retained=[body(i) for i in reversed(users)],
-            reason="context_pressure",
-            expected_boundary_seq=None,
+            BoundaryRequest(
+                summary=BOUNDARY_SUMMARY,
+                covers_through_seq=seqs[cut],
+                retained=[body(i) for i in reversed(users)],
+                reason="context_pressure",
+                expected_boundary_seq=None,
+            ),
         )
         await self.grow(conv, size, tail)
         return conv, seqs[cut]

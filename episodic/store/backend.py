@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 from uuid import UUID
 
 from episodic.models import Conversation, StoredEvent
@@ -19,31 +19,10 @@ from episodic.store.attempts import (
     CompactionStatus,
 )
 from episodic.store.batch import PreparedBatch
-from episodic.store.boundaries import BoundaryWrite, HeadState
+from episodic.store.boundaries import BoundaryWrite
 from episodic.store.migrate import SchemaMigration
-
-Outcome = Literal[
-    "appended",
-    "replayed",
-    "not_found",
-    "conflict",
-    "idempotency_mismatch",
-    "client_id_reused",
-    "duplicate_tool_call",
-    "orphan",
-    "orphan_abandoned",
-]
-
-
-@dataclass(frozen=True, slots=True)
-class WriteOutcome:
-    """What a write reported. ``seq`` is the first seq written (or replayed, or the actual
-    last seq on a conflict); ``detail`` names the offending id on a refusal."""
-
-    outcome: Outcome
-    seq: int | None = None
-    created_at: datetime | None = None
-    detail: str | None = None
+from episodic.store.projection import HeadState
+from episodic.store.rules import Outcome, WriteOutcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +36,17 @@ class LoadedTail:
 
 Closer = Callable[[], Awaitable[None]]
 PlanBoundary = Callable[[HeadState, list[StoredEvent], datetime], BoundaryWrite]
+
+
+@dataclass(frozen=True, slots=True)
+class BoundaryPlanner:
+    """A boundary write as the backend sees it: the cut whose tail it reads, the plan that
+    decides the write from the head and that tail (store/boundaries.py), and the worker's
+    attempt to record with it (None outside the worker)."""
+
+    covers_through_seq: int
+    plan: PlanBoundary
+    attempt: AttemptRecord | None = None
 
 
 class Backend(Protocol):
@@ -87,13 +77,10 @@ class Backend(Protocol):
         ...
 
     async def append(
-        self,
-        conversation_id: UUID,
-        batch: PreparedBatch,
-        expected_seq: int | None,
-        trigger: EpisodicCompactionConfig,
+        self, conversation_id: UUID, batch: PreparedBatch, trigger: EpisodicCompactionConfig
     ) -> WriteOutcome:
-        """Append the batch and, in the same transaction, mark the conversation due when
+        """Append the batch (refused as a conflict unless the last seq is its
+        ``expected_seq``) and, in the same transaction, mark the conversation due when
         ``trigger`` (with the conversation's overrides) fires on the new head."""
         ...
 
@@ -102,15 +89,11 @@ class Backend(Protocol):
     ) -> WriteOutcome: ...
 
     async def write_boundary(
-        self,
-        conversation_id: UUID,
-        covers_through_seq: int,
-        plan: PlanBoundary,
-        attempt: AttemptRecord | None,
+        self, conversation_id: UUID, planner: BoundaryPlanner
     ) -> BoundaryWrite | None:
-        """Lock the head, read the events after ``covers_through_seq``, let ``plan`` decide
-        (it raises to refuse), and write its result (and ``attempt``, completed with the
-        boundary's seq), all in one transaction. None when the conversation does not exist."""
+        """Lock the head, read the events after the planner's cut, let it decide (it raises to
+        refuse), and write its result (and its attempt, completed with the boundary's seq),
+        all in one transaction. None when the conversation does not exist."""
         ...
 
     async def claim(self, owner: str, limit: int, lease_seconds: float) -> list[Claim]:
@@ -164,4 +147,12 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
-__all__ = ["Backend", "Closer", "LoadedTail", "Outcome", "PlanBoundary", "WriteOutcome"]
+__all__ = [
+    "Backend",
+    "BoundaryPlanner",
+    "Closer",
+    "LoadedTail",
+    "Outcome",
+    "PlanBoundary",
+    "WriteOutcome",
+]

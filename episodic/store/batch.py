@@ -9,13 +9,10 @@ checked by the backend under the head's row lock.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
-
-import orjson
 
 from episodic.errors import (
     DuplicateToolCallError,
@@ -25,7 +22,8 @@ from episodic.errors import (
 )
 from episodic.models import Message, Usage
 from episodic.rendering import context_token_estimate
-from episodic.store.checks import check_text, checked_usage
+from episodic.store.checks import check_seq, check_text, checked_usage
+from episodic.store.codec import encode_json, refuse_non_finite
 from episodic.tokens import TokenEstimator
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 512
@@ -50,6 +48,8 @@ class PreparedBatch:
     closed_ids: list[str]
     #: the key under which the batch is stored (``k:`` explicit key, ``m:`` first client id)
     idempotency_key: str | None
+    #: append only if the conversation's last seq is this (optimistic concurrency)
+    expected_seq: int | None
     request_hash: str | None
     usage: Usage | None
     usage_json: str | None
@@ -59,53 +59,6 @@ class PreparedBatch:
         return self.usage.input_tokens if self.usage is not None else None
 
 
-def encode_json(value: object, *, what: str, floats_checked: bool = False) -> str:
-    """JSON text for the log. Unpaired surrogates and other unencodable data are refused, and
-    so are NaN and infinity, which orjson would silently store as ``null``.
-
-    ``floats_checked`` skips the search for those when validation already refused them (a
-    message's fields: episodic's models refuse NaN and infinity).
-    """
-    try:
-        encoded = orjson.dumps(value)
-    except (TypeError, orjson.JSONEncodeError) as exc:
-        raise ValidationError(f"{what} cannot be stored as JSON: {exc}", field=what) from exc
-    # A non-finite float can only have become null: the value is searched only when the text
-    # has one (or the word in a string), so most values cost one scan of their bytes.
-    if not floats_checked and b"null" in encoded:
-        refuse_non_finite(value, what)
-    return encoded.decode()
-
-
-def refuse_non_finite(value: object, path: str) -> None:
-    """Raise :class:`ValidationError` naming the first NaN or infinity in ``value`` (inside
-    the dicts, lists and tuples orjson encodes; its depth limit of 255 bounds the recursion),
-    as ``path.key[0]``."""
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            what = "NaN" if math.isnan(value) else "infinite"
-            shown = path if len(path) <= 200 else f"{path[:100]}...{path[-100:]}"
-            raise ValidationError(
-                f"{shown} is {what}; JSON has no NaN or infinity, so it cannot be stored",
-                field=path,
-            )
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(item, float | dict | list | tuple):
-                refuse_non_finite(item, _key_path(path, key))
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            if isinstance(item, float | dict | list | tuple):
-                refuse_non_finite(item, f"{path}[{index}]")
-
-
-def _key_path(path: str, key: object) -> str:
-    if isinstance(key, str) and key.isidentifier():
-        return f"{path}.{key}"
-    return f"{path}[{key!r:.80}]"
-
-
 def prepare_batch(
     conversation_id: UUID,
     messages: Sequence[Message],
@@ -113,6 +66,7 @@ def prepare_batch(
     estimator: TokenEstimator,
     max_message_bytes: int,
     idempotency_key: str | None = None,
+    expected_seq: int | None = None,
     usage: Usage | None = None,
 ) -> PreparedBatch:
     """Validate and encode a batch; raise a typed error for anything wrong with it alone."""
@@ -124,6 +78,8 @@ def prepare_batch(
         usage = checked_usage(usage)
     if idempotency_key is not None:
         check_text(idempotency_key, field="idempotency_key", max_length=MAX_IDEMPOTENCY_KEY_LENGTH)
+    if expected_seq is not None:
+        check_seq(expected_seq, "expected_seq")
 
     checked: list[Message] = []
     payloads: list[str] = []
@@ -190,6 +146,7 @@ def prepare_batch(
         opened_offsets=list(opened.values()),
         closed_ids=closed,
         idempotency_key=key,
+        expected_seq=expected_seq,
         request_hash=request_hash,
         usage=usage,
         usage_json=encode_json(usage.model_dump(), what="usage") if usage is not None else None,
@@ -265,4 +222,4 @@ def _request_hash(payloads: list[str]) -> str:
     return digest.hexdigest()
 
 
-__all__ = ["PreparedBatch", "encode_json", "prepare_batch", "refuse_non_finite"]
+__all__ = ["PreparedBatch", "prepare_batch"]

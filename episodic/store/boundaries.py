@@ -8,12 +8,10 @@ event, and computes the head that follows. Nothing here touches the database.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
-
-from pydantic import JsonValue
 
 from episodic.errors import ConflictError, LeaseLostError, UnsafeCutError, ValidationError
 from episodic.models import (
@@ -27,10 +25,10 @@ from episodic.models import (
 )
 from episodic.policy import EpisodicCompactionPressure
 from episodic.rendering import context_token_estimate
-from episodic.store.batch import encode_json
 from episodic.store.checks import MAX_SEQ, check_int, check_text, checked_usage
+from episodic.store.codec import encode_json
 from episodic.store.due import pressure_from
-from episodic.store.projection import HeadCounters
+from episodic.store.projection import HeadCounters, HeadState
 from episodic.tokens import TokenEstimator
 
 RETENTION_MODES: tuple[RetentionMode, ...] = ("recent_user_messages", "recent_turns")
@@ -40,32 +38,76 @@ MAX_LABEL_LENGTH = 512
 
 @dataclass(frozen=True, slots=True)
 class BoundaryRequest:
-    """What the caller of ``write_boundary`` asked for."""
+    """What the caller of ``write_boundary`` asks for, every field checked when it is made
+    (before any SQL): its type and range, and text the database can store. Raises
+    :class:`ValidationError` naming the field."""
 
     summary: str
     covers_through_seq: int
-    retained: tuple[str, ...]
     reason: str
-    retention: RetentionMode
     expected_boundary_seq: int | None
+    #: the retained user texts (kept as a tuple)
+    retained: Sequence[str] = ()
+    retention: RetentionMode = "recent_user_messages"
     lease_token: UUID | None = None
     usage: Usage | None = None
     model: str | None = None
     prompt_version: str | None = None
     tokens_before: int | None = None
-    pressure: dict[str, JsonValue] = field(default_factory=dict)
+    #: the pressure the boundary is written under (as given, else the head's when written)
+    pressure: EpisodicCompactionPressure | None = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.summary, str) or not self.summary.strip():
+            raise ValidationError("a boundary needs a non-empty summary", field="summary")
+        encode_json(self.summary, what="summary")
+        check_int(self.covers_through_seq, field="covers_through_seq", low=1, high=MAX_SEQ)
+        if self.expected_boundary_seq is not None:
+            check_int(
+                self.expected_boundary_seq, field="expected_boundary_seq", low=0, high=MAX_SEQ
+            )
+        retained: object = self.retained
+        if (
+            isinstance(retained, str | bytes)
+            or not isinstance(retained, Sequence)
+            or any(not isinstance(text, str) for text in retained)
+        ):
+            raise ValidationError("retained must be a list of strings", field="retained")
+        object.__setattr__(self, "retained", tuple(retained))
+        encode_json(list(self.retained), what="retained")
+        check_text(self.reason, field="reason", max_length=MAX_LABEL_LENGTH)
+        if self.retention not in RETENTION_MODES:
+            raise ValidationError(
+                f"retention must be one of {', '.join(RETENTION_MODES)}", field="retention"
+            )
+        if self.lease_token is not None and not isinstance(self.lease_token, UUID):
+            raise ValidationError(
+                "lease_token must be the UUID of a claim (Claim.lease_token)", field="lease_token"
+            )
+        for field_name, label in (("model", self.model), ("prompt_version", self.prompt_version)):
+            if label is not None:
+                check_text(label, field=field_name, max_length=MAX_LABEL_LENGTH, min_length=0)
+        if self.tokens_before is not None:
+            check_int(self.tokens_before, field="tokens_before", low=0, high=MAX_TOKEN_COUNT)
+        if self.pressure is not None and not isinstance(self.pressure, EpisodicCompactionPressure):
+            raise ValidationError(
+                "pressure must be an EpisodicCompactionPressure (store.pressure() gives one)",
+                field="pressure",
+            )
+        if self.usage is not None:
+            object.__setattr__(self, "usage", checked_usage(self.usage))
 
-@dataclass(frozen=True, slots=True)
-class HeadState:
-    """The locked head: its counters plus what fencing a boundary needs."""
-
-    tenant_id: str
-    counters: HeadCounters
-    lease_token: UUID | None
-    lease_expires_at: datetime | None
-    created_at: datetime
-    boundary_at: datetime | None
+    def check_size(self, max_summary_bytes: int) -> None:
+        """The summary takes the place of messages in the context, so it is held to the
+        limit on a message (``EPISODIC_MAX_MESSAGE_BYTES``)."""
+        size = len(encode_json(self.summary, what="summary").encode("utf-8"))
+        if size > max_summary_bytes:
+            raise ValidationError(
+                f"the summary is {size:,} bytes encoded, over the limit of "
+                f"{max_summary_bytes:,} bytes (EPISODIC_MAX_MESSAGE_BYTES); write a shorter "
+                "summary, or raise the limit",
+                field="summary",
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,77 +119,6 @@ class BoundaryWrite:
     counters: HeadCounters
     #: the lease the write is fenced by (None for writes outside the worker)
     lease_token: UUID | None = None
-
-
-def boundary_request(
-    *,
-    summary: str,
-    covers_through_seq: int,
-    retained: Sequence[str],
-    reason: str,
-    retention: RetentionMode,
-    expected_boundary_seq: int | None,
-    lease_token: UUID | None,
-    usage: Usage | None,
-    model: str | None,
-    prompt_version: str | None,
-    tokens_before: int | None,
-    pressure: EpisodicCompactionPressure | None,
-    max_summary_bytes: int,
-) -> BoundaryRequest:
-    """The request ``write_boundary`` was called with, every argument checked before any SQL:
-    its type and range, text the database can store, and the summary's size, which is held to
-    the limit on a message since the handoff takes the place of messages in the context."""
-    if not isinstance(summary, str) or not summary.strip():
-        raise ValidationError("a boundary needs a non-empty summary", field="summary")
-    size = len(encode_json(summary, what="summary").encode("utf-8"))
-    if size > max_summary_bytes:
-        raise ValidationError(
-            f"the summary is {size:,} bytes encoded, over the limit of {max_summary_bytes:,} "
-            "bytes (EPISODIC_MAX_MESSAGE_BYTES); write a shorter summary, or raise the limit",
-            field="summary",
-        )
-    check_int(covers_through_seq, field="covers_through_seq", low=1, high=MAX_SEQ)
-    if (
-        isinstance(retained, str | bytes)
-        or not isinstance(retained, Sequence)
-        or any(not isinstance(text, str) for text in retained)
-    ):
-        raise ValidationError("retained must be a list of strings", field="retained")
-    encode_json(list(retained), what="retained")
-    check_text(reason, field="reason", max_length=MAX_LABEL_LENGTH)
-    if retention not in RETENTION_MODES:
-        raise ValidationError(
-            f"retention must be one of {', '.join(RETENTION_MODES)}", field="retention"
-        )
-    if lease_token is not None and not isinstance(lease_token, UUID):
-        raise ValidationError(
-            "lease_token must be the UUID of a claim (Claim.lease_token)", field="lease_token"
-        )
-    for field_name, label in (("model", model), ("prompt_version", prompt_version)):
-        if label is not None:
-            check_text(label, field=field_name, max_length=MAX_LABEL_LENGTH, min_length=0)
-    if tokens_before is not None:
-        check_int(tokens_before, field="tokens_before", low=0, high=MAX_TOKEN_COUNT)
-    if pressure is not None and not isinstance(pressure, EpisodicCompactionPressure):
-        raise ValidationError(
-            "pressure must be an EpisodicCompactionPressure (store.pressure() gives one)",
-            field="pressure",
-        )
-    return BoundaryRequest(
-        summary=summary,
-        covers_through_seq=covers_through_seq,
-        retained=tuple(retained),
-        reason=reason,
-        retention=retention,
-        expected_boundary_seq=expected_boundary_seq,
-        lease_token=lease_token,
-        usage=checked_usage(usage) if usage is not None else None,
-        model=model,
-        prompt_version=prompt_version,
-        tokens_before=tokens_before,
-        pressure=pressure.model_dump(mode="json") if pressure is not None else {},
-    )
 
 
 def plan_boundary(
@@ -196,14 +167,16 @@ def plan_boundary(
         token_estimate=token_estimate,
         summary=request.summary,
         covers_through_seq=request.covers_through_seq,
-        retained=request.retained,
+        retained=tuple(request.retained),
         retained_token_estimates=retained_tokens,
         retention=request.retention,
         reason=request.reason,
         # The pressure the boundary was written under: as given, else as the head shows it.
-        pressure=request.pressure
-        or pressure_from(
-            counters, created_at=head.created_at, boundary_at=head.boundary_at, now=now
+        pressure=(
+            request.pressure
+            or pressure_from(
+                counters, created_at=head.created_at, boundary_at=head.boundary_at, now=now
+            )
         ).model_dump(mode="json"),
         usage=request.usage,
         model=request.model,
@@ -268,7 +241,5 @@ __all__ = [
     "RETENTION_MODES",
     "BoundaryRequest",
     "BoundaryWrite",
-    "HeadState",
-    "boundary_request",
     "plan_boundary",
 ]

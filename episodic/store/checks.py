@@ -4,11 +4,20 @@ the value or raises :class:`ValidationError` naming the field, before any SQL ru
 
 from __future__ import annotations
 
+from typing import Any
+from uuid import UUID
+
 from episodic.errors import ValidationError
 from episodic.models import Usage
 
 #: The largest seq, and count, a column holds (PostgreSQL's bigint).
 MAX_SEQ = 2**63 - 1
+MAX_READ_LIMIT = 10_000
+MAX_TENANT_ID_LENGTH = 256
+#: The longest worker name (``owner``) and claim reason the queue records.
+MAX_CLAIM_TEXT_LENGTH = 512
+#: The longest lease: a crashed worker's claim holds its conversation this long at most.
+MAX_LEASE_SECONDS = 7 * 86_400
 
 
 def check_text(value: object, *, field: str, max_length: int, min_length: int = 1) -> str:
@@ -49,4 +58,64 @@ def checked_usage(usage: object) -> Usage:
         raise ValidationError(f"usage is not a valid Usage: {exc}", field="usage") from exc
 
 
-__all__ = ["MAX_SEQ", "check_int", "check_text", "checked_usage"]
+def parse_conversation_id(value: UUID | str) -> UUID:
+    """A conversation id as a UUID; anything else is a :class:`ValidationError`."""
+    if isinstance(value, UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return UUID(value)
+        except ValueError:
+            pass
+    raise ValidationError(
+        f"conversation id must be a UUID, got {value!r:.80}", field="conversation_id"
+    )
+
+
+def check_seq(value: Any, name: str) -> None:
+    """A seq, or a count of events, a bigint column can hold."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQ:
+        raise ValidationError(f"{name} must be an integer from 0 to 2**63-1", field=name)
+
+
+def check_limit(limit: Any) -> None:
+    """How many rows one read may ask for."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_READ_LIMIT:
+        raise ValidationError(f"limit must be between 1 and {MAX_READ_LIMIT}", field="limit")
+
+
+def check_tenant(tenant_id: Any) -> None:
+    """A tenant id: non-empty text of at most :data:`MAX_TENANT_ID_LENGTH` characters."""
+    check_text(tenant_id, field="tenant_id", max_length=MAX_TENANT_ID_LENGTH)
+
+
+def check_lease(owner: Any, lease_seconds: Any) -> None:
+    """What both ways of claiming take: the worker's name, and a lease that ends after it
+    is granted but within :data:`MAX_LEASE_SECONDS` (NaN and infinity fail the comparison)."""
+    check_text(owner, field="owner", max_length=MAX_CLAIM_TEXT_LENGTH)
+    if (
+        isinstance(lease_seconds, bool)
+        or not isinstance(lease_seconds, int | float)
+        or not 0 < lease_seconds <= MAX_LEASE_SECONDS
+    ):
+        raise ValidationError(
+            f"lease_seconds must be a number of seconds above 0 and at most {MAX_LEASE_SECONDS:,}",
+            field="lease_seconds",
+        )
+
+
+__all__ = [
+    "MAX_CLAIM_TEXT_LENGTH",
+    "MAX_LEASE_SECONDS",
+    "MAX_READ_LIMIT",
+    "MAX_SEQ",
+    "MAX_TENANT_ID_LENGTH",
+    "check_int",
+    "check_lease",
+    "check_limit",
+    "check_seq",
+    "check_tenant",
+    "check_text",
+    "checked_usage",
+    "parse_conversation_id",
+]

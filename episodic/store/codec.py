@@ -1,7 +1,9 @@
-"""Rows to models. Rows become models only here, inside the store."""
+"""JSON and rows: what the store writes as JSON text (:func:`encode_json`), and rows to models.
+Rows become models only here, inside the store."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -9,6 +11,7 @@ from uuid import UUID
 
 import orjson
 
+from episodic.errors import ValidationError
 from episodic.models import (
     BoundaryEvent,
     Conversation,
@@ -18,8 +21,54 @@ from episodic.models import (
     StoredEvent,
     Usage,
 )
-from episodic.store.boundaries import HeadState
-from episodic.store.projection import COUNTER_FIELDS, HeadCounters
+from episodic.store.projection import COUNTER_FIELDS, HeadCounters, HeadState
+
+
+def encode_json(value: object, *, what: str, floats_checked: bool = False) -> str:
+    """JSON text for the log. Unpaired surrogates and other unencodable data are refused, and
+    so are NaN and infinity, which orjson would silently store as ``null``.
+
+    ``floats_checked`` skips the search for those when validation already refused them (a
+    message's fields: episodic's models refuse NaN and infinity).
+    """
+    try:
+        encoded = orjson.dumps(value)
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        raise ValidationError(f"{what} cannot be stored as JSON: {exc}", field=what) from exc
+    # A non-finite float can only have become null: the value is searched only when the text
+    # has one (or the word in a string), so most values cost one scan of their bytes.
+    if not floats_checked and b"null" in encoded:
+        refuse_non_finite(value, what)
+    return encoded.decode()
+
+
+def refuse_non_finite(value: object, path: str) -> None:
+    """Raise :class:`ValidationError` naming the first NaN or infinity in ``value`` (inside
+    the dicts, lists and tuples orjson encodes; its depth limit of 255 bounds the recursion),
+    as ``path.key[0]``."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            what = "NaN" if math.isnan(value) else "infinite"
+            shown = path if len(path) <= 200 else f"{path[:100]}...{path[-100:]}"
+            raise ValidationError(
+                f"{shown} is {what}; JSON has no NaN or infinity, so it cannot be stored",
+                field=path,
+            )
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, float | dict | list | tuple):
+                refuse_non_finite(item, _key_path(path, key))
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            if isinstance(item, float | dict | list | tuple):
+                refuse_non_finite(item, f"{path}[{index}]")
+
+
+def _key_path(path: str, key: object) -> str:
+    if isinstance(key, str) and key.isidentifier():
+        return f"{path}.{key}"
+    return f"{path}[{key!r:.80}]"
 
 
 def utc(value: datetime) -> datetime:
@@ -120,20 +169,6 @@ def counter_values(counters: HeadCounters) -> dict[str, Any]:
     return values
 
 
-#: A boundary ends any compaction in progress: the due state and the lease are cleared.
-CLEARED_COMPACTION_STATE: dict[str, Any] = {
-    "due_since": None,
-    "due_reason": None,
-    "lease_owner": None,
-    "lease_token": None,
-    "lease_expires_at": None,
-    "compaction_attempts": 0,
-    "next_attempt_at": None,
-    "last_error": None,
-    "dead_since": None,
-}
-
-
 _TIMESTAMPS = (
     "boundary_at",
     "due_since",
@@ -159,13 +194,14 @@ def _utc_or_none(value: datetime | None) -> datetime | None:
 
 
 __all__ = [
-    "CLEARED_COMPACTION_STATE",
     "counter_values",
     "decode_conversation",
     "decode_counters",
     "decode_event",
     "decode_event_row",
     "decode_head_state",
+    "encode_json",
     "json_value",
+    "refuse_non_finite",
     "utc",
 ]

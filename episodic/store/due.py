@@ -1,7 +1,9 @@
 """When a conversation becomes due for compaction, decided from its head alone.
 
-The PostgreSQL function ``episodic_mark_due`` mirrors :func:`due_reason`; the SQLite backend
-and ``store.pressure`` call it directly.
+The Python twins of ``sql/schema.sql``'s ``episodic_pressure`` (:func:`pressure_from`),
+``episodic_trigger_config`` (:func:`trigger_config_for`), ``episodic_mark_due``
+(:func:`due_marking`) and ``episodic_sweep_due`` (:func:`swept`); the SQLite backend and
+``store.pressure`` call them, and tests/contract/test_twins.py checks both sides agree.
 """
 
 from __future__ import annotations
@@ -53,6 +55,20 @@ def check_overrides(metadata: Mapping[str, Any]) -> None:
             )
 
 
+#: A boundary ends any compaction in progress: the due state and the lease are cleared.
+CLEARED_COMPACTION_STATE: dict[str, Any] = {
+    "due_since": None,
+    "due_reason": None,
+    "lease_owner": None,
+    "lease_token": None,
+    "lease_expires_at": None,
+    "compaction_attempts": 0,
+    "next_attempt_at": None,
+    "last_error": None,
+    "dead_since": None,
+}
+
+
 def trigger_config_for(
     default: EpisodicCompactionConfig, metadata: Mapping[str, Any]
 ) -> EpisodicCompactionConfig:
@@ -95,4 +111,59 @@ def due_reason(
     return episodic_compaction_trigger(pressure, trigger_config_for(default, metadata))
 
 
-__all__ = ["OVERRIDE_KEYS", "check_overrides", "due_reason", "pressure_from", "trigger_config_for"]
+def due_marking(
+    counters: HeadCounters,
+    *,
+    due_since: datetime | None,
+    dead_since: datetime | None,
+    created_at: datetime,
+    boundary_at: datetime | None,
+    metadata: Mapping[str, Any],
+    default: EpisodicCompactionConfig,
+    now: datetime,
+) -> dict[str, Any]:
+    """The head columns that mark the conversation due when the trigger fires on it now
+    (empty when it does not, or the conversation is already due or dead)."""
+    if due_since is not None or dead_since is not None:
+        return {}
+    reason = due_reason(
+        counters,
+        created_at=created_at,
+        boundary_at=boundary_at,
+        metadata=metadata,
+        default=default,
+        now=now,
+    )
+    if reason is None:
+        return {}
+    return {
+        "due_since": now,
+        "due_reason": str(reason),
+        "next_attempt_at": now,
+        "compaction_attempts": 0,
+        "last_error": None,
+    }
+
+
+def swept(
+    counters: HeadCounters, *, due_since: datetime | None, dead_since: datetime | None
+) -> bool:
+    """Whether the periodic sweep looks at this head: not due, not dead, and with something
+    after its latest boundary to compact."""
+    return (
+        due_since is None
+        and dead_since is None
+        and counters.last_seq > (counters.boundary_seq or 0)
+    )
+
+
+__all__ = [
+    "CLEARED_COMPACTION_STATE",
+    "OVERRIDE_KEYS",
+    "check_overrides",
+    "due_marking",
+    "due_reason",
+    "pressure_from",
+    "swept",
+    "trigger_config_for",
+]

@@ -23,6 +23,7 @@ REVISIONS = (
     "0003_partial_unique_keys",
     "0004_tenant_isolation",
     "0005_protected_heads",
+    "0006_named_parameters",
 )
 HEAD_REVISION = REVISIONS[-1]
 

@@ -1,17 +1,20 @@
 """The PostgreSQL backend: asyncpg directly on the request path.
 
-Appends and run completions are one call to a PL/pgSQL function (created by the migrations),
-so each is one round trip with no explicit BEGIN/COMMIT; asyncpg prepares each statement once
-per connection and reuses it. SQLAlchemy is used only to run the migrations.
+Appends, run completions and loads are one call each to a PL/pgSQL function (defined in
+``sql/schema.sql``, created by the migrations), by parameter name, so each is one round trip
+with no explicit BEGIN/COMMIT; asyncpg prepares each statement once per connection and reuses
+it. SQLAlchemy is used only to run the migrations.
 
-A backend scoped to a tenant (``for_tenant``) calls the ``episodic_scoped_*`` forms, which set
-the tenant for row-level security inside the same statement, so scoping adds no round trip on
-the request path or in the worker; the operator's operations without such a form (claims by
-hand or by a scoped worker, listing, paging events) run in a transaction that sets the tenant first.
+A backend scoped to a tenant (``for_tenant``) passes the tenant as the functions' ``p_scope``,
+which they set for row-level security inside the same statement, so scoping adds no round trip
+on the request path or in the worker; the operator's operations that are no function (claims
+by hand or by a scoped worker, listing, paging events, status) run in a transaction that sets
+the tenant first.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -34,60 +37,55 @@ from episodic.store.attempts import (
     CompactionQueueEntry,
     CompactionStatus,
 )
-from episodic.store.backend import Closer, LoadedTail, PlanBoundary, WriteOutcome
+from episodic.store.backend import BoundaryPlanner, Closer, LoadedTail, WriteOutcome
 from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite
 from episodic.store.codec import decode_conversation, decode_event_row, decode_head_state
 from episodic.store.engine import DatabaseUrl
 from episodic.store.migrate import SchemaMigration, upgrade_to_head
+from episodic.store.sql import named_call
 from episodic.store.translate import connection_refused, translated_errors
 
 READ_REVISION = "SELECT version_num FROM episodic_alembic_version"
 
-APPEND = """
-SELECT o_outcome, o_seq, o_created_at, o_detail
-  FROM episodic_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                       $16, $17, $18, $19)
-"""
+OUTCOME = "o_outcome, o_seq, o_created_at, o_detail"
+TAIL = (
+    "o_last_seq AS last_seq, o_boundary_seq AS boundary_seq, o_seq AS seq, o_kind AS kind, "
+    "o_created_at AS created_at, o_token_estimate AS token_estimate, o_payload AS payload, "
+    "o_usage AS usage"
+)
 
-# The tenant-scoped forms (migration 0004) set the transaction's tenant for row-level
-# security and check the conversation belongs to it, still in one statement.
-SCOPED_APPEND = """
-SELECT o_outcome, o_seq, o_created_at, o_detail
-  FROM episodic_scoped_append($20, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
-                              $15, $16, $17, $18, $19)
-"""
+# The request path: one call each to the functions in sql/schema.sql, by parameter name. The
+# trigger's thresholds are one jsonb (EpisodicCompactionConfig); p_scope is the tenant of a
+# scoped store (NULL otherwise), which the function sets for row-level security itself.
+APPEND = named_call(
+    "episodic_append",
+    (
+        "p_conversation_id", "p_expected_seq", "p_idempotency_key", "p_request_hash",
+        "p_payloads", "p_token_estimates", "p_client_ids", "p_usage", "p_usage_input_tokens",
+        "p_user_messages", "p_token_sum", "p_called_ids", "p_opened_ids", "p_opened_offsets",
+        "p_closed_ids", "p_trigger", "p_scope",
+    ),
+    columns=OUTCOME,
+)  # fmt: skip
 
-SCOPED_MARK_RUN_COMPLETED = """
-SELECT o_outcome, o_seq, o_created_at, o_detail
-  FROM episodic_scoped_mark_run_completed($7, $1, $2, $3, $4, $5, $6)
-"""
+MARK_RUN_COMPLETED = named_call(
+    "episodic_mark_run_completed",
+    ("p_conversation_id", "p_tokens_per_abandoned", "p_trigger", "p_scope"),
+    columns=OUTCOME,
+)
 
-SCOPED_CREATE_CONVERSATION = """
-SELECT episodic_scoped_create_conversation($2, $1, $3, $4)
-"""
+CREATE_CONVERSATION = named_call(
+    "episodic_create_conversation",
+    ("p_conversation_id", "p_tenant_id", "p_created_at", "p_metadata", "p_scope"),
+)
 
-SCOPED_LOAD_TAIL = """
-SELECT o_last_seq AS last_seq, o_boundary_seq AS boundary_seq, o_seq AS seq, o_kind AS kind,
-       o_created_at AS created_at, o_token_estimate AS token_estimate, o_payload AS payload,
-       o_usage AS usage
-  FROM episodic_scoped_load_tail($2, $1)
-"""
+# The head's cut, then the events after it with a range scan planned on every call (see the
+# function), so the cost is the rows returned, whatever the length of the history.
+LOAD_TAIL = named_call("episodic_load_tail", ("p_conversation_id", "p_scope"), columns=TAIL)
 
 # Everything else a scoped store does runs in a transaction that starts with this.
-SET_TENANT = "SELECT episodic_set_tenant($1)"
-
-MARK_RUN_COMPLETED = """
-SELECT o_outcome, o_seq, o_created_at, o_detail
-  FROM episodic_mark_run_completed($1, $2, $3, $4, $5, $6)
-"""
-
-CREATE_CONVERSATION = """
-INSERT INTO episodic_conversations (conversation_id, tenant_id, created_at, metadata,
-                                    open_tool_calls)
-VALUES ($1, $2, $3, $4, '{}'::jsonb)
-ON CONFLICT (conversation_id) DO NOTHING
-"""
+SET_TENANT = named_call("episodic_set_tenant", ("p_tenant",))
 
 READ_EVENTS = """
 SELECT seq, kind, created_at, token_estimate, payload, usage
@@ -95,16 +93,6 @@ SELECT seq, kind, created_at, token_estimate, payload, usage
  WHERE conversation_id = $1 AND seq > $2 AND ($4::text IS NULL OR tenant_id = $4)
  ORDER BY seq
  LIMIT $3
-"""
-
-# One statement, a function call: it reads the head's cut, then the events after it with a
-# range scan of the primary key planned on every call (see migration 0003 for why), so the
-# cost is the rows returned, whatever the length of the history.
-LOAD_TAIL = """
-SELECT o_last_seq AS last_seq, o_boundary_seq AS boundary_seq, o_seq AS seq, o_kind AS kind,
-       o_created_at AS created_at, o_token_estimate AS token_estimate, o_payload AS payload,
-       o_usage AS usage
-  FROM episodic_load_tail($1)
 """
 
 #: The range query episodic_load_tail runs, for plan tests.
@@ -115,38 +103,36 @@ SELECT e.seq, e.kind, e.created_at, e.token_estimate, e.payload, e.usage
  ORDER BY e.seq
 """
 
+GET_CONVERSATION = named_call("episodic_head", ("p_conversation_id", "p_scope"))
+
 # A boundary is written optimistically, without holding a lock while Python plans it: read
 # the head, then the events after the cut (through episodic_load_tail, planned per call), plan,
 # then write in one statement that applies only if the head is still the one read (same last
 # seq, same boundary, lease still held). If anything moved, plan again on the new state. Three
 # round trips, no explicit transaction.
-READ_HEAD = """
-SELECT *, now() AS database_now FROM episodic_conversations WHERE conversation_id = $1
-"""
+READ_HEAD = named_call(
+    "episodic_head", ("p_conversation_id", "p_scope"), columns="*, now() AS database_now"
+)
 
-SCOPED_READ_HEAD = """
-SELECT *, now() AS database_now FROM episodic_scoped_head($2, $1)
-"""
+READ_TAIL_AFTER = (
+    named_call(
+        "episodic_load_tail",
+        ("p_conversation_id", "p_after_seq", "p_scope"),
+        columns=TAIL.removeprefix("o_last_seq AS last_seq, o_boundary_seq AS boundary_seq, "),
+    )
+    + " WHERE o_seq IS NOT NULL"
+)
 
-READ_TAIL_AFTER = """
-SELECT o_seq AS seq, o_kind AS kind, o_created_at AS created_at,
-       o_token_estimate AS token_estimate, o_payload AS payload, o_usage AS usage
-  FROM episodic_load_tail($1, $2)
- WHERE o_seq IS NOT NULL
-"""
-
-SCOPED_READ_TAIL_AFTER = """
-SELECT o_seq AS seq, o_kind AS kind, o_created_at AS created_at,
-       o_token_estimate AS token_estimate, o_payload AS payload, o_usage AS usage
-  FROM episodic_scoped_load_tail($3, $1, $2)
- WHERE o_seq IS NOT NULL
-"""
-
-# Migration 0004's function, which also sets the tenant of a scoped caller (one round trip).
-WRITE_BOUNDARY = """
-SELECT episodic_write_boundary($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
-                               $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25)
-"""
+WRITE_BOUNDARY = named_call(
+    "episodic_write_boundary",
+    (
+        "p_conversation_id", "p_planned_last_seq", "p_planned_boundary_seq", "p_lease_token",
+        "p_seq", "p_covers_through_seq", "p_user_messages_since_boundary",
+        "p_run_completed_since_boundary", "p_user_messages_since_run_completed",
+        "p_context_tokens", "p_created_at", "p_token_estimate", "p_payload", "p_attempt",
+        "p_scope",
+    ),
+)  # fmt: skip
 
 #: Plans of a boundary that a busy conversation may force before the write gives up.
 BOUNDARY_WRITE_TRIES = 20
@@ -195,31 +181,16 @@ DUE_CHANNEL = "episodic_due"
 
 # Ends an attempt that wrote no boundary, fenced by the lease token, and records it, in one
 # statement. A worker whose lease was taken over changes nothing but the ledger.
-END_ATTEMPT = """
-SELECT episodic_end_attempt($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                            $16)
-"""
+END_ATTEMPT = named_call(
+    "episodic_end_attempt",
+    (
+        "p_conversation_id", "p_lease_token", "p_clear_due", "p_retry_in_seconds", "p_dead",
+        "p_attempt", "p_scope",
+    ),
+)  # fmt: skip
 
-MARK_DUE_BY_AGE = """
-WITH aged AS (
-    SELECT conversation_id,
-           COALESCE((metadata -> 'compaction' ->> 'trigger_age_days')::bigint, $1) AS days,
-           COALESCE((metadata -> 'compaction' ->> 'trigger_age_turn_count')::bigint, $2) AS turns
-      FROM episodic_conversations
-     WHERE due_since IS NULL AND dead_since IS NULL
-       AND last_seq > COALESCE(boundary_seq, 0)
-), marked AS (
-    UPDATE episodic_conversations c
-       SET due_since = now(), due_reason = 'age_and_turns', next_attempt_at = now(),
-           compaction_attempts = 0, last_error = NULL
-      FROM aged
-     WHERE c.conversation_id = aged.conversation_id
-       AND COALESCE(c.boundary_at, c.created_at) <= now() - make_interval(days => aged.days::int)
-       AND c.total_user_messages >= aged.turns
-    RETURNING c.conversation_id
-)
-SELECT conversation_id, pg_notify('episodic_due', conversation_id::text) FROM marked
-"""
+# The periodic sweep: the trigger evaluated now over every head with something to compact.
+SWEEP_DUE = named_call("episodic_sweep_due", ("p_trigger",))
 
 STATUS = """
 SELECT count(*) FILTER (WHERE due_since IS NOT NULL AND dead_since IS NULL) AS due,
@@ -261,10 +232,6 @@ SELECT conversation_id, worker, reason, outcome, error, started_at, finished_at,
  LIMIT $1
 """
 
-GET_CONVERSATION = """
-SELECT * FROM episodic_conversations WHERE conversation_id = $1
-"""
-
 LIST_CONVERSATIONS = """
 SELECT * FROM episodic_conversations c
  WHERE ($1::text IS NULL OR c.tenant_id = $1)
@@ -275,18 +242,23 @@ SELECT * FROM episodic_conversations c
  LIMIT $2
 """
 
-SCOPED_GET_CONVERSATION = """
-SELECT * FROM episodic_scoped_head($2, $1)
-"""
+
+def _json_default(value: object) -> str:
+    # asyncpg hands back its own UUID type (a claim's conversation id), which orjson does not
+    # take for a uuid.UUID.
+    if isinstance(value, UUID):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _encode_json(value: object) -> str:
+    return orjson.dumps(value, default=_json_default).decode()
 
 
 async def _init_connection(connection: asyncpg.Connection) -> None:
     for name in ("json", "jsonb"):
         await connection.set_type_codec(
-            name,
-            encoder=lambda value: orjson.dumps(value).decode(),
-            decoder=orjson.loads,
-            schema="pg_catalog",
+            name, encoder=_encode_json, decoder=orjson.loads, schema="pg_catalog"
         )
 
 
@@ -408,74 +380,64 @@ class PostgresBackend:
         self, conversation_id: UUID, tenant_id: str, metadata: dict[str, Any], created_at: datetime
     ) -> bool:
         with translated_errors():
-            if self.tenant is not None:
-                created = await self._pool.fetchval(
-                    SCOPED_CREATE_CONVERSATION, conversation_id, tenant_id, created_at, metadata
-                )
-                return bool(created)
-            status = await self._pool.execute(
-                CREATE_CONVERSATION, conversation_id, tenant_id, created_at, metadata
+            created = await self._pool.fetchval(
+                CREATE_CONVERSATION, conversation_id, tenant_id, created_at, metadata, self.tenant
             )
-        return bool(status == "INSERT 0 1")
+        return bool(created)
 
     async def append(
-        self,
-        conversation_id: UUID,
-        batch: PreparedBatch,
-        expected_seq: int | None,
-        trigger: EpisodicCompactionConfig,
+        self, conversation_id: UUID, batch: PreparedBatch, trigger: EpisodicCompactionConfig
     ) -> WriteOutcome:
-        with translated_errors():
-            scoped = self.tenant is not None
-            row = await self._pool.fetchrow(
-                SCOPED_APPEND if scoped else APPEND,
-                conversation_id,
-                expected_seq,
-                batch.idempotency_key,
-                batch.request_hash,
-                batch.payloads,
-                batch.token_estimates,
-                batch.client_ids,
-                batch.usage_json,
-                batch.usage_input_tokens,
-                batch.user_messages,
-                batch.token_sum,
-                batch.called_ids,
-                batch.opened_ids,
-                batch.opened_offsets,
-                batch.closed_ids,
-                *_thresholds(trigger),
-                *((self.tenant,) if scoped else ()),
-            )
-        return _outcome(row)
+        return await self._write(
+            APPEND,
+            conversation_id,
+            batch.expected_seq,
+            batch.idempotency_key,
+            batch.request_hash,
+            batch.payloads,
+            batch.token_estimates,
+            batch.client_ids,
+            batch.usage_json,
+            batch.usage_input_tokens,
+            batch.user_messages,
+            batch.token_sum,
+            batch.called_ids,
+            batch.opened_ids,
+            batch.opened_offsets,
+            batch.closed_ids,
+            trigger_document(trigger),
+            self.tenant,
+        )
 
     async def mark_run_completed(
         self, conversation_id: UUID, tokens_per_abandoned: int, trigger: EpisodicCompactionConfig
     ) -> WriteOutcome:
+        return await self._write(
+            MARK_RUN_COMPLETED,
+            conversation_id,
+            tokens_per_abandoned,
+            trigger_document(trigger),
+            self.tenant,
+        )
+
+    async def _write(self, statement: str, *arguments: Any) -> WriteOutcome:
+        """A request-path write: one call that answers an outcome row (not an exception)."""
         with translated_errors():
-            scoped = self.tenant is not None
-            row = await self._pool.fetchrow(
-                SCOPED_MARK_RUN_COMPLETED if scoped else MARK_RUN_COMPLETED,
-                conversation_id,
-                tokens_per_abandoned,
-                *_thresholds(trigger),
-                *((self.tenant,) if scoped else ()),
-            )
-        return _outcome(row)
+            row = await self._pool.fetchrow(statement, *arguments)
+        return WriteOutcome(
+            outcome=row["o_outcome"],
+            seq=row["o_seq"],
+            created_at=row["o_created_at"],
+            detail=row["o_detail"],
+        )
 
     async def write_boundary(
-        self,
-        conversation_id: UUID,
-        covers_through_seq: int,
-        plan: PlanBoundary,
-        attempt: AttemptRecord | None,
+        self, conversation_id: UUID, planner: BoundaryPlanner
     ) -> BoundaryWrite | None:
         for _ in range(BOUNDARY_WRITE_TRIES):
             with translated_errors():
                 async with self._pool.acquire() as connection:
-                    done, write = await self._try_boundary(
-                        connection, conversation_id, covers_through_seq, plan, attempt
-                    )
+                    done, write = await self._try_boundary(connection, conversation_id, planner)
             if done:
                 return write
         raise ConflictError(
@@ -485,23 +447,14 @@ class PostgresBackend:
         )
 
     async def _try_boundary(
-        self,
-        connection: asyncpg.Connection,
-        conversation_id: UUID,
-        covers_through_seq: int,
-        plan: PlanBoundary,
-        attempt: AttemptRecord | None,
+        self, connection: asyncpg.Connection, conversation_id: UUID, planner: BoundaryPlanner
     ) -> tuple[bool, BoundaryWrite | None]:
         """One optimistic try: (done, write). Done with None when the conversation is not
         there; not done when it changed between the reads and the write."""
-        if self.tenant is None:
-            head = await connection.fetchrow(READ_HEAD, conversation_id)
-            rows = await connection.fetch(READ_TAIL_AFTER, conversation_id, covers_through_seq)
-        else:
-            head = await connection.fetchrow(SCOPED_READ_HEAD, conversation_id, self.tenant)
-            rows = await connection.fetch(
-                SCOPED_READ_TAIL_AFTER, conversation_id, covers_through_seq, self.tenant
-            )
+        head = await connection.fetchrow(READ_HEAD, conversation_id, self.tenant)
+        rows = await connection.fetch(
+            READ_TAIL_AFTER, conversation_id, planner.covers_through_seq, self.tenant
+        )
         if head is None:
             return True, None
         # The tail was read a moment after the head: keep it consistent with the head read
@@ -509,13 +462,16 @@ class PostgresBackend:
         tail = [
             decode_event_row(conversation_id, row) for row in rows if row["seq"] <= head["last_seq"]
         ]
-        write = plan(decode_head_state(head), tail, head["database_now"])
+        write = planner.plan(decode_head_state(head), tail, head["database_now"])
         event, after = write.event, write.counters
+        attempt = planner.attempt
         done = attempt.with_boundary(event.seq, event.tokens_after) if attempt else None
         written = await connection.fetchval(
             WRITE_BOUNDARY,
             conversation_id,
             head["last_seq"],
+            head["boundary_seq"],
+            write.lease_token,
             event.seq,
             after.covers_through_seq,
             after.user_messages_since_boundary,
@@ -523,11 +479,9 @@ class PostgresBackend:
             after.user_messages_since_run_completed,
             after.context_tokens,
             event.created_at,
-            head["boundary_seq"],
-            write.lease_token,
             event.token_estimate,
             write.payload,
-            *_attempt_values(done),
+            done.row() if done is not None else None,
             self.tenant,
         )
         return (True, write) if written else (False, None)
@@ -580,25 +534,14 @@ class PostgresBackend:
                     end.clear_due,
                     float(end.retry_in),
                     end.dead,
-                    attempt.error,
-                    attempt.attempt_id,
-                    attempt.tenant_id,
-                    attempt.worker,
-                    attempt.reason,
-                    attempt.outcome,
-                    attempt.started_at,
-                    attempt.usage,
-                    attempt.model,
-                    attempt.tokens_before,
+                    attempt.row(),
                     self.tenant,
                 )
         return outcome
 
     async def mark_due_by_age(self, trigger: EpisodicCompactionConfig) -> int:
         with translated_errors():
-            rows = await self._pool.fetch(
-                MARK_DUE_BY_AGE, trigger.trigger_age_days, trigger.trigger_age_turn_count
-            )
+            rows = await self._pool.fetch(SWEEP_DUE, trigger_document(trigger))
         return len(rows)
 
     async def status(self, recent: int, limit: int) -> CompactionStatus:
@@ -618,10 +561,7 @@ class PostgresBackend:
 
     async def load_tail(self, conversation_id: UUID) -> LoadedTail | None:
         with translated_errors():
-            if self.tenant is not None:
-                rows = await self._pool.fetch(SCOPED_LOAD_TAIL, conversation_id, self.tenant)
-            else:
-                rows = await self._pool.fetch(LOAD_TAIL, conversation_id)
+            rows = await self._pool.fetch(LOAD_TAIL, conversation_id, self.tenant)
         if not rows:
             return None
         first = rows[0]
@@ -642,12 +582,7 @@ class PostgresBackend:
 
     async def get_conversation(self, conversation_id: UUID) -> Conversation | None:
         with translated_errors():
-            if self.tenant is None:
-                row = await self._pool.fetchrow(GET_CONVERSATION, conversation_id)
-            else:
-                row = await self._pool.fetchrow(
-                    SCOPED_GET_CONVERSATION, conversation_id, self.tenant
-                )
+            row = await self._pool.fetchrow(GET_CONVERSATION, conversation_id, self.tenant)
         return decode_conversation(row) if row is not None else None
 
     async def list_conversations(self, limit: int, before: UUID | None) -> list[Conversation]:
@@ -658,24 +593,6 @@ class PostgresBackend:
 
     async def close(self) -> None:
         await self._pool.close()
-
-
-def _attempt_values(attempt: AttemptRecord | None) -> tuple[Any, ...]:
-    if attempt is None:
-        return (None,) * 11
-    return (
-        attempt.attempt_id,
-        attempt.worker,
-        attempt.reason,
-        attempt.outcome,
-        attempt.error,
-        attempt.started_at,
-        attempt.finished_at,
-        attempt.usage,
-        attempt.model,
-        attempt.tokens_before,
-        attempt.tokens_after,
-    )
 
 
 def _claim(row: Any) -> Claim:
@@ -691,22 +608,11 @@ def _claim(row: Any) -> Claim:
     )
 
 
-def _thresholds(trigger: EpisodicCompactionConfig) -> tuple[int | None, int, int, int]:
-    return (
-        trigger.trigger_context_tokens,
-        trigger.trigger_unfinished_turns,
-        trigger.trigger_age_days,
-        trigger.trigger_age_turn_count,
-    )
-
-
-def _outcome(row: Any) -> WriteOutcome:
-    return WriteOutcome(
-        outcome=row["o_outcome"],
-        seq=row["o_seq"],
-        created_at=row["o_created_at"],
-        detail=row["o_detail"],
-    )
+@functools.lru_cache(maxsize=64)
+def trigger_document(trigger: EpisodicCompactionConfig) -> dict[str, Any]:
+    """The thresholds as the one jsonb the functions take (computed once per config; the
+    driver encodes the dict, never mutated, on each call)."""
+    return trigger.model_dump(mode="json")
 
 
 __all__ = ["PostgresBackend"]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from datetime import datetime
+from uuid import UUID
 
 from episodic.context import missing_result
 from episodic.models import (
@@ -125,6 +127,18 @@ class HeadCounters:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class HeadState:
+    """The locked head: its counters plus what fencing a boundary needs."""
+
+    tenant_id: str
+    counters: HeadCounters
+    lease_token: UUID | None
+    lease_expires_at: datetime | None
+    created_at: datetime
+    boundary_at: datetime | None
+
+
 #: The head columns (and Conversation fields) that the log determines.
 COUNTER_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(HeadCounters))
 
@@ -157,6 +171,7 @@ def rebuild_head(events: Iterable[StoredEvent]) -> HeadCounters:
 
 __all__ = [
     "HeadCounters",
+    "HeadState",
     "abandoned_result_tokens",
     "counters_of",
     "rebuild_head",

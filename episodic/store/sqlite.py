@@ -35,23 +35,24 @@ from episodic.store.attempts import (
     CompactionStatus,
     QueueState,
 )
-from episodic.store.backend import Closer, LoadedTail, PlanBoundary, WriteOutcome
-from episodic.store.batch import PreparedBatch, encode_json
+from episodic.store.backend import BoundaryPlanner, Closer, LoadedTail, WriteOutcome
+from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite
 from episodic.store.codec import (
-    CLEARED_COMPACTION_STATE,
     counter_values,
     decode_conversation,
     decode_counters,
     decode_event_row,
     decode_head_state,
+    encode_json,
     json_value,
     utc,
 )
-from episodic.store.due import due_reason
+from episodic.store.due import CLEARED_COMPACTION_STATE, due_marking, swept
 from episodic.store.engine import DatabaseUrl
 from episodic.store.migrate import SchemaMigration, upgrade_to_head
 from episodic.store.projection import HeadCounters
+from episodic.store.rules import PriorBatch, abandoned_in, append_refusal, needs_abandoned_calls
 from episodic.store.schema import compaction_attempts, conversations, events
 from episodic.store.translate import translated_errors
 
@@ -117,8 +118,26 @@ class SqliteBackend:
 
     @asynccontextmanager
     async def _write(self) -> AsyncIterator[AsyncConnection]:
-        async with self._write_lock, self._writer.begin() as conn:
-            yield conn
+        """A write transaction (BEGIN IMMEDIATE), its errors translated."""
+        with translated_errors(self.location):
+            async with self._write_lock, self._writer.begin() as conn:
+                yield conn
+
+    @asynccontextmanager
+    async def _read(self) -> AsyncIterator[AsyncConnection]:
+        """A read, its errors translated."""
+        with translated_errors(self.location):
+            async with self._engine.connect() as conn:
+                yield conn
+
+    @asynccontextmanager
+    async def _write_to(
+        self, conversation_id: UUID
+    ) -> AsyncIterator[tuple[AsyncConnection, Mapping[str, Any] | None]]:
+        """A write transaction and, read in it, the conversation's head (None when it is not
+        there, or not this scope's): what every write of one conversation starts from."""
+        async with self._write() as conn:
+            yield conn, await _head(conn, conversation_id, self.tenant)
 
     @classmethod
     async def connect(cls, url: DatabaseUrl) -> SqliteBackend:
@@ -149,17 +168,16 @@ class SqliteBackend:
         (then it is left uncreated)."""
         if _missing(self._url.sqlite_path):
             return None
-        with translated_errors(self.location):
-            async with self._engine.connect() as conn:
-                exists = await conn.scalar(
-                    select(func.count())
-                    .select_from(sqlite_master)
-                    .where(sqlite_master.c.name == "episodic_alembic_version")
-                )
-                if not exists:
-                    return None
-                revision: str | None = await conn.scalar(select(alembic_version.c.version_num))
-                return revision
+        async with self._read() as conn:
+            exists = await conn.scalar(
+                select(func.count())
+                .select_from(sqlite_master)
+                .where(sqlite_master.c.name == "episodic_alembic_version")
+            )
+            if not exists:
+                return None
+            revision: str | None = await conn.scalar(select(alembic_version.c.version_num))
+            return revision
 
     async def create_conversation(
         self, conversation_id: UUID, tenant_id: str, metadata: dict[str, Any], created_at: datetime
@@ -176,216 +194,195 @@ class SqliteBackend:
             )
             .on_conflict_do_nothing(index_elements=["conversation_id"])
         )
-        with translated_errors(self.location):
-            async with self._write() as conn:
-                result = await conn.execute(statement)
+        async with self._write() as conn:
+            result = await conn.execute(statement)
         return bool(result.rowcount == 1)
 
     async def append(
-        self,
-        conversation_id: UUID,
-        batch: PreparedBatch,
-        expected_seq: int | None,
-        trigger: EpisodicCompactionConfig,
+        self, conversation_id: UUID, batch: PreparedBatch, trigger: EpisodicCompactionConfig
     ) -> WriteOutcome:
         # The same checks, in the same order, as the PostgreSQL function episodic_append.
-        with translated_errors(self.location):
-            async with self._write() as conn:
-                head = await _head(conn, conversation_id, self.tenant)
-                if head is None:
-                    return WriteOutcome("not_found")
-                if batch.idempotency_key is not None:
-                    prior = (
-                        await conn.execute(
-                            select(events.c.seq, events.c.created_at, events.c.request_hash).where(
-                                events.c.conversation_id == conversation_id,
-                                events.c.idempotency_key == batch.idempotency_key,
-                            )
-                        )
-                    ).first()
-                    if prior is not None:
-                        same = prior.request_hash == batch.request_hash
-                        return WriteOutcome(
-                            "replayed" if same else "idempotency_mismatch",
-                            seq=prior.seq,
-                            created_at=prior.created_at,
-                        )
-                last_seq = int(head["last_seq"])
-                if expected_seq is not None and last_seq != expected_seq:
-                    return WriteOutcome("conflict", seq=last_seq)
-                client_ids = [cid for cid in batch.client_ids if cid is not None]
-                if client_ids:
-                    reused = await conn.scalar(
-                        select(events.c.client_id)
-                        .where(
+        async with self._write_to(conversation_id) as (conn, head):
+            if head is None:
+                return WriteOutcome("not_found")
+            counters = decode_counters(head)
+            prior = None
+            if batch.idempotency_key is not None:
+                found = (
+                    await conn.execute(
+                        select(events.c.seq, events.c.created_at, events.c.request_hash).where(
                             events.c.conversation_id == conversation_id,
-                            events.c.client_id.in_(client_ids),
+                            events.c.idempotency_key == batch.idempotency_key,
                         )
-                        .limit(1)
                     )
-                    if reused is not None:
-                        return WriteOutcome("client_id_reused", detail=reused)
-                counters = decode_counters(head)
-                open_calls = counters.open_tool_calls
-                duplicate = next((i for i in batch.called_ids if i in open_calls), None)
-                if duplicate is not None:
-                    return WriteOutcome("duplicate_tool_call", detail=duplicate)
-                orphan = next((i for i in batch.closed_ids if i not in open_calls), None)
-                if orphan is not None:
-                    abandoned = await _was_abandoned(conn, conversation_id, orphan)
-                    return WriteOutcome(
-                        "orphan_abandoned" if abandoned else "orphan", detail=orphan
+                ).first()
+                if found is not None:
+                    prior = PriorBatch(found.seq, found.created_at, found.request_hash)
+            reused = None
+            client_ids = [cid for cid in batch.client_ids if cid is not None]
+            if client_ids and prior is None:
+                reused = await conn.scalar(
+                    select(events.c.client_id)
+                    .where(
+                        events.c.conversation_id == conversation_id,
+                        events.c.client_id.in_(client_ids),
                     )
-
-                now = datetime.now(UTC)
-                rows: list[dict[str, Any]] = []
-                for index, message in enumerate(batch.messages):
-                    seq = last_seq + 1 + index
-                    first = index == 0
-                    counters = counters.after_message(
-                        message,
-                        seq=seq,
-                        token_estimate=batch.token_estimates[index],
-                        usage=batch.usage if first else None,
-                    )
-                    rows.append(
-                        {
-                            "conversation_id": conversation_id,
-                            "seq": seq,
-                            "tenant_id": head["tenant_id"],
-                            "kind": "message",
-                            "created_at": now,
-                            "token_estimate": batch.token_estimates[index],
-                            "payload": batch.payloads[index],
-                            "client_id": batch.client_ids[index],
-                            "usage": batch.usage_json if first else None,
-                            "idempotency_key": batch.idempotency_key if first else None,
-                            "request_hash": batch.request_hash if first else None,
-                            "batch_size": len(batch.messages) if first else None,
-                        }
-                    )
-                await conn.execute(insert(events), rows)
-                await _save_counters(
-                    conn, conversation_id, counters, **_due_state(head, counters, trigger, now)
+                    .limit(1)
                 )
-                return WriteOutcome("appended", seq=last_seq + 1, created_at=now)
+            abandoned = None
+            if needs_abandoned_calls(batch, counters.open_tool_calls):
+                abandoned = await _abandoned_calls(conn, conversation_id)
+            refused = append_refusal(
+                batch,
+                last_seq=counters.last_seq,
+                open_tool_calls=counters.open_tool_calls,
+                prior=prior,
+                reused_client_id=reused,
+                abandoned_calls=abandoned,
+            )
+            if refused is not None:
+                return refused
+
+            last_seq = counters.last_seq
+            now = datetime.now(UTC)
+            rows: list[dict[str, Any]] = []
+            for index, message in enumerate(batch.messages):
+                seq = last_seq + 1 + index
+                first = index == 0
+                counters = counters.after_message(
+                    message,
+                    seq=seq,
+                    token_estimate=batch.token_estimates[index],
+                    usage=batch.usage if first else None,
+                )
+                rows.append(
+                    {
+                        "conversation_id": conversation_id,
+                        "seq": seq,
+                        "tenant_id": head["tenant_id"],
+                        "kind": "message",
+                        "created_at": now,
+                        "token_estimate": batch.token_estimates[index],
+                        "payload": batch.payloads[index],
+                        "client_id": batch.client_ids[index],
+                        "usage": batch.usage_json if first else None,
+                        "idempotency_key": batch.idempotency_key if first else None,
+                        "request_hash": batch.request_hash if first else None,
+                        "batch_size": len(batch.messages) if first else None,
+                    }
+                )
+            await conn.execute(insert(events), rows)
+            await _save_counters(
+                conn, conversation_id, counters, **_due_marking(head, counters, trigger, now)
+            )
+            return WriteOutcome("appended", seq=last_seq + 1, created_at=now)
 
     async def mark_run_completed(
         self, conversation_id: UUID, tokens_per_abandoned: int, trigger: EpisodicCompactionConfig
     ) -> WriteOutcome:
-        with translated_errors(self.location):
-            async with self._write() as conn:
-                head = await _head(conn, conversation_id, self.tenant)
-                if head is None:
-                    return WriteOutcome("not_found")
-                counters = decode_counters(head)
-                abandoned = counters.abandoned_ids()
-                seq = counters.last_seq + 1
-                tokens = tokens_per_abandoned * len(abandoned)
-                now = datetime.now(UTC)
-                await conn.execute(
-                    insert(events).values(
-                        conversation_id=conversation_id,
-                        seq=seq,
-                        tenant_id=head["tenant_id"],
-                        kind="run_completed",
-                        created_at=now,
-                        token_estimate=tokens,
-                        payload=encode_json(
-                            {"abandoned_tool_call_ids": abandoned}, what="run_completed"
-                        ),
-                    )
+        async with self._write_to(conversation_id) as (conn, head):
+            if head is None:
+                return WriteOutcome("not_found")
+            counters = decode_counters(head)
+            abandoned = counters.abandoned_ids()
+            seq = counters.last_seq + 1
+            tokens = tokens_per_abandoned * len(abandoned)
+            now = datetime.now(UTC)
+            await conn.execute(
+                insert(events).values(
+                    conversation_id=conversation_id,
+                    seq=seq,
+                    tenant_id=head["tenant_id"],
+                    kind="run_completed",
+                    created_at=now,
+                    token_estimate=tokens,
+                    payload=encode_json(
+                        {"abandoned_tool_call_ids": abandoned}, what="run_completed"
+                    ),
                 )
-                counters = counters.after_run_completed(seq=seq, token_estimate=tokens)
-                await _save_counters(
-                    conn, conversation_id, counters, **_due_state(head, counters, trigger, now)
-                )
-                return WriteOutcome(
-                    "appended", seq=seq, created_at=now, detail=encode_json(abandoned, what="ids")
-                )
+            )
+            counters = counters.after_run_completed(seq=seq, token_estimate=tokens)
+            await _save_counters(
+                conn, conversation_id, counters, **_due_marking(head, counters, trigger, now)
+            )
+            return WriteOutcome(
+                "appended", seq=seq, created_at=now, detail=encode_json(abandoned, what="ids")
+            )
 
     async def write_boundary(
-        self,
-        conversation_id: UUID,
-        covers_through_seq: int,
-        plan: PlanBoundary,
-        attempt: AttemptRecord | None,
+        self, conversation_id: UUID, planner: BoundaryPlanner
     ) -> BoundaryWrite | None:
-        with translated_errors(self.location):
-            async with self._write() as conn:
-                head = await _head(conn, conversation_id, self.tenant)
-                if head is None:
-                    return None
-                tail = await _events_after(conn, conversation_id, covers_through_seq, None)
-                write = plan(decode_head_state(head), tail, datetime.now(UTC))
-                event = write.event
-                await conn.execute(
-                    insert(events).values(
-                        conversation_id=conversation_id,
-                        seq=event.seq,
-                        tenant_id=head["tenant_id"],
-                        kind="boundary",
-                        created_at=event.created_at,
-                        token_estimate=event.token_estimate,
-                        payload=write.payload,
-                    )
+        async with self._write_to(conversation_id) as (conn, head):
+            if head is None:
+                return None
+            tail = await _events_after(conn, conversation_id, planner.covers_through_seq, None)
+            write = planner.plan(decode_head_state(head), tail, datetime.now(UTC))
+            attempt = planner.attempt
+            event = write.event
+            await conn.execute(
+                insert(events).values(
+                    conversation_id=conversation_id,
+                    seq=event.seq,
+                    tenant_id=head["tenant_id"],
+                    kind="boundary",
+                    created_at=event.created_at,
+                    token_estimate=event.token_estimate,
+                    payload=write.payload,
                 )
-                await _save_counters(
-                    conn,
-                    conversation_id,
-                    write.counters,
-                    **CLEARED_COMPACTION_STATE,
-                    boundary_at=event.created_at,
-                )
-                if attempt is not None:
-                    done = attempt.with_boundary(event.seq, event.tokens_after)
-                    await conn.execute(insert(compaction_attempts).values(**done.row()))
+            )
+            await _save_counters(
+                conn,
+                conversation_id,
+                write.counters,
+                **CLEARED_COMPACTION_STATE,
+                boundary_at=event.created_at,
+            )
+            if attempt is not None:
+                done = attempt.with_boundary(event.seq, event.tokens_after)
+                await conn.execute(insert(compaction_attempts).values(**done.row()))
         return write
 
     async def claim(self, owner: str, limit: int, lease_seconds: float) -> list[Claim]:
         now = datetime.now(UTC)
         head = conversations.c
-        with translated_errors(self.location):
-            async with self._write() as conn:
-                rows = (
-                    await conn.execute(
-                        select(head.conversation_id)
-                        .where(
-                            head.due_since.is_not(None),
-                            head.dead_since.is_(None),
-                            head.next_attempt_at <= now,
-                            or_(head.lease_expires_at.is_(None), head.lease_expires_at <= now),
-                            *_of_tenant(self.tenant),
-                        )
-                        .order_by(head.next_attempt_at)
-                        .limit(limit)
+        async with self._write() as conn:
+            rows = (
+                await conn.execute(
+                    select(head.conversation_id)
+                    .where(
+                        head.due_since.is_not(None),
+                        head.dead_since.is_(None),
+                        head.next_attempt_at <= now,
+                        or_(head.lease_expires_at.is_(None), head.lease_expires_at <= now),
+                        *_of_tenant(self.tenant),
                     )
-                ).all()
-                return [await _take_lease(conn, cid, owner, lease_seconds, now) for (cid,) in rows]
+                    .order_by(head.next_attempt_at)
+                    .limit(limit)
+                )
+            ).all()
+            return [await _take_lease(conn, cid, owner, lease_seconds, now) for (cid,) in rows]
 
     async def claim_conversation(
         self, conversation_id: UUID, owner: str, lease_seconds: float, reason: str
     ) -> Claim | None:
         now = datetime.now(UTC)
-        with translated_errors(self.location):
-            async with self._write() as conn:
-                row = await _head(conn, conversation_id, self.tenant)
-                if row is None:
-                    return None
-                lease_end = row["lease_expires_at"]
-                if lease_end is not None and utc(lease_end) > now:
-                    return None
-                return await _take_lease(
-                    conn,
-                    conversation_id,
-                    owner,
-                    lease_seconds,
-                    now,
-                    due_since=row["due_since"] or now,
-                    due_reason=reason,
-                    next_attempt_at=now,
-                    dead_since=None,
-                )
+        async with self._write_to(conversation_id) as (conn, row):
+            if row is None:
+                return None
+            lease_end = row["lease_expires_at"]
+            if lease_end is not None and utc(lease_end) > now:
+                return None
+            return await _take_lease(
+                conn,
+                conversation_id,
+                owner,
+                lease_seconds,
+                now,
+                due_since=row["due_since"] or now,
+                due_reason=reason,
+                next_attempt_at=now,
+                dead_since=None,
+            )
 
     async def listen_for_due(self, wake: Callable[[], None]) -> Closer | None:
         return None  # SQLite cannot notify; the worker polls
@@ -409,46 +406,43 @@ class SqliteBackend:
             changes["next_attempt_at"] = now + timedelta(seconds=end.retry_in)
         if end.dead:
             changes["dead_since"] = now
-        with translated_errors(self.location):
-            async with self._write() as conn:
-                result = await conn.execute(
-                    update(conversations)
-                    .where(
-                        head.conversation_id == claim.conversation_id,
-                        head.lease_token == claim.lease_token,
-                        head.tenant_id == claim.tenant_id,
-                    )
-                    .values(**changes)
+        async with self._write() as conn:
+            result = await conn.execute(
+                update(conversations)
+                .where(
+                    head.conversation_id == claim.conversation_id,
+                    head.lease_token == claim.lease_token,
+                    head.tenant_id == claim.tenant_id,
                 )
-                outcome: AttemptOutcome = attempt.outcome if result.rowcount else "lease_lost"
-                row = replace(attempt, outcome=outcome, finished_at=now).row()
-                await conn.execute(insert(compaction_attempts).values(**row))
+                .values(**changes)
+            )
+            outcome: AttemptOutcome = attempt.outcome if result.rowcount else "lease_lost"
+            row = replace(attempt, outcome=outcome, finished_at=now).row()
+            await conn.execute(insert(compaction_attempts).values(**row))
         return outcome
 
     async def mark_due_by_age(self, trigger: EpisodicCompactionConfig) -> int:
         now = datetime.now(UTC)
         head = conversations.c
         marked = 0
-        with translated_errors(self.location):
-            async with self._write() as conn:
-                rows = await conn.execute(
-                    select(conversations).where(
-                        head.due_since.is_(None),
-                        head.dead_since.is_(None),
-                        head.last_seq > func.coalesce(head.boundary_seq, 0),
-                    )
+        async with self._write() as conn:
+            # SQLite holds one process's conversations: reading every head is cheap, and
+            # leaves which ones the sweep looks at to its rule (due.swept).
+            rows = await conn.execute(select(conversations))
+            for mapping in rows.mappings().all():
+                row = dict(mapping)
+                counters = decode_counters(row)
+                if not swept(counters, due_since=row["due_since"], dead_since=row["dead_since"]):
+                    continue
+                state = _due_marking(row, counters, trigger, now)
+                if not state:
+                    continue
+                await conn.execute(
+                    update(conversations)
+                    .where(head.conversation_id == row["conversation_id"])
+                    .values(**state)
                 )
-                for mapping in rows.mappings().all():
-                    row = dict(mapping)
-                    state = _due_state(row, decode_counters(row), trigger, now)
-                    if state.get("due_reason") != "age_and_turns":
-                        continue
-                    await conn.execute(
-                        update(conversations)
-                        .where(head.conversation_id == row["conversation_id"])
-                        .values(**state)
-                    )
-                    marked += 1
+                marked += 1
         return marked
 
     async def status(self, recent: int, limit: int) -> CompactionStatus:
@@ -488,11 +482,10 @@ class SqliteBackend:
             .order_by(attempts.finished_at.desc())
             .limit(recent)
         )
-        with translated_errors(self.location):
-            async with self._engine.connect() as conn:
-                counts = (await conn.execute(query)).one()
-                heads = (await conn.execute(queue_query)).mappings().all()
-                rows = (await conn.execute(recent_query)).mappings().all()
+        async with self._read() as conn:
+            counts = (await conn.execute(query)).one()
+            heads = (await conn.execute(queue_query)).mappings().all()
+            rows = (await conn.execute(recent_query)).mappings().all()
         queue = sorted((_queue_entry(dict(row), now) for row in heads), key=_queue_order)
         return CompactionStatus(
             due=counts[0],
@@ -504,30 +497,24 @@ class SqliteBackend:
         )
 
     async def load_tail(self, conversation_id: UUID) -> LoadedTail | None:
-        with translated_errors(self.location):
-            async with self._engine.connect() as conn:
-                head = await _head(conn, conversation_id, self.tenant)
-                if head is None:
-                    return None
-                tail = await _events_after(conn, conversation_id, head["covers_through_seq"], None)
+        async with self._read() as conn:
+            head = await _head(conn, conversation_id, self.tenant)
+            if head is None:
+                return None
+            tail = await _events_after(conn, conversation_id, head["covers_through_seq"], None)
         return LoadedTail(last_seq=head["last_seq"], boundary_seq=head["boundary_seq"], events=tail)
 
     async def read_events(
         self, conversation_id: UUID, after_seq: int, limit: int
     ) -> list[StoredEvent]:
-        with translated_errors(self.location):
-            async with self._engine.connect() as conn:
-                if (
-                    self.tenant is not None
-                    and await _head(conn, conversation_id, self.tenant) is None
-                ):
-                    return []
-                return await _events_after(conn, conversation_id, after_seq, limit)
+        async with self._read() as conn:
+            if self.tenant is not None and await _head(conn, conversation_id, self.tenant) is None:
+                return []
+            return await _events_after(conn, conversation_id, after_seq, limit)
 
     async def get_conversation(self, conversation_id: UUID) -> Conversation | None:
-        with translated_errors(self.location):
-            async with self._engine.connect() as conn:
-                head = await _head(conn, conversation_id, self.tenant)
+        async with self._read() as conn:
+            head = await _head(conn, conversation_id, self.tenant)
         return decode_conversation(head) if head is not None else None
 
     async def list_conversations(self, limit: int, before: UUID | None) -> list[Conversation]:
@@ -538,28 +525,27 @@ class SqliteBackend:
             .order_by(head.created_at.desc(), head.conversation_id.desc())
             .limit(limit)
         )
-        with translated_errors(self.location):
-            async with self._engine.connect() as conn:
-                if before is not None:
-                    cursor = (
-                        await conn.execute(
-                            select(head.created_at, head.conversation_id).where(
-                                head.conversation_id == before
-                            )
-                        )
-                    ).first()
-                    if cursor is None:
-                        return []
-                    query = query.where(
-                        or_(
-                            head.created_at < cursor.created_at,
-                            and_(
-                                head.created_at == cursor.created_at,
-                                head.conversation_id < cursor.conversation_id,
-                            ),
+        async with self._read() as conn:
+            if before is not None:
+                cursor = (
+                    await conn.execute(
+                        select(head.created_at, head.conversation_id).where(
+                            head.conversation_id == before
                         )
                     )
-                rows = (await conn.execute(query)).mappings().all()
+                ).first()
+                if cursor is None:
+                    return []
+                query = query.where(
+                    or_(
+                        head.created_at < cursor.created_at,
+                        and_(
+                            head.created_at == cursor.created_at,
+                            head.conversation_id < cursor.conversation_id,
+                        ),
+                    )
+                )
+            rows = (await conn.execute(query)).mappings().all()
         return [decode_conversation(dict(row)) for row in rows]
 
     async def close(self) -> None:
@@ -680,32 +666,23 @@ async def _take_lease(
     )
 
 
-def _due_state(
+def _due_marking(
     head: Mapping[str, Any],
     counters: HeadCounters,
     trigger: EpisodicCompactionConfig,
     now: datetime,
 ) -> dict[str, Any]:
-    """The columns that mark the conversation due, as episodic_mark_due does on PostgreSQL."""
-    if head["due_since"] is not None or head["dead_since"] is not None:
-        return {}
-    reason = due_reason(
+    """The columns that mark the conversation due (due.due_marking, episodic_mark_due's twin)."""
+    return due_marking(
         counters,
+        due_since=head["due_since"],
+        dead_since=head["dead_since"],
         created_at=utc(head["created_at"]),
         boundary_at=utc(head["boundary_at"]) if head["boundary_at"] is not None else None,
         metadata=json_value(head["metadata"]),
         default=trigger,
         now=now,
     )
-    if reason is None:
-        return {}
-    return {
-        "due_since": now,
-        "due_reason": str(reason),
-        "next_attempt_at": now,
-        "compaction_attempts": 0,
-        "last_error": None,
-    }
 
 
 async def _events_after(
@@ -728,13 +705,14 @@ async def _events_after(
     return [decode_event_row(conversation_id, row._mapping) for row in rows]
 
 
-async def _was_abandoned(conn: AsyncConnection, conversation_id: UUID, call_id: str) -> bool:
+async def _abandoned_calls(conn: AsyncConnection, conversation_id: UUID) -> list[str]:
+    """Every call the conversation's run completions abandoned (only an orphan needs them)."""
     payloads = await conn.scalars(
         select(events.c.payload).where(
             events.c.conversation_id == conversation_id, events.c.kind == "run_completed"
         )
     )
-    return any(call_id in json_value(p).get("abandoned_tool_call_ids", ()) for p in payloads)
+    return abandoned_in([json_value(p) for p in payloads])
 
 
 __all__ = ["SqliteBackend"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 from uuid import UUID, uuid4
 
 import orjson
@@ -26,7 +26,6 @@ from episodic.models import (
     Conversation,
     Message,
     MessageEvent,
-    RetentionMode,
     RunCompletedEvent,
     StoredEvent,
     Usage,
@@ -40,27 +39,33 @@ from episodic.store.attempts import (
     Claim,
     CompactionStatus,
 )
-from episodic.store.backend import Backend, Closer, WriteOutcome
-from episodic.store.batch import PreparedBatch, encode_json, prepare_batch
-from episodic.store.boundaries import BoundaryWrite, HeadState, boundary_request, plan_boundary
-from episodic.store.checks import MAX_SEQ, check_int, check_text
-from episodic.store.codec import utc
+from episodic.store.backend import Backend, BoundaryPlanner, Closer, WriteOutcome
+from episodic.store.batch import PreparedBatch, prepare_batch
+from episodic.store.boundaries import BoundaryRequest, BoundaryWrite, plan_boundary
+from episodic.store.checks import (
+    MAX_CLAIM_TEXT_LENGTH,
+    MAX_LEASE_SECONDS,
+    MAX_READ_LIMIT,
+    MAX_TENANT_ID_LENGTH,
+    check_int,
+    check_lease,
+    check_limit,
+    check_seq,
+    check_tenant,
+    check_text,
+    parse_conversation_id,
+)
+from episodic.store.codec import encode_json, utc
 from episodic.store.due import check_overrides, pressure_from
 from episodic.store.engine import parse_database_url
 from episodic.store.migrate import HEAD_REVISION, SchemaMigration, check_revision
 from episodic.store.postgres import PostgresBackend
-from episodic.store.projection import abandoned_result_tokens, counters_of
+from episodic.store.projection import HeadState, abandoned_result_tokens, counters_of
 from episodic.store.retry import retry_transient
 from episodic.store.sqlite import SqliteBackend
 from episodic.tokens import TokenEstimator, estimator_from_name
 
 DEFAULT_TENANT = "default"
-MAX_READ_LIMIT = 10_000
-MAX_TENANT_ID_LENGTH = 256
-#: The longest worker name (``owner``) and claim reason the queue records.
-MAX_CLAIM_TEXT_LENGTH = 512
-#: The longest lease: a crashed worker's claim holds its conversation this long at most.
-MAX_LEASE_SECONDS = 7 * 86_400
 
 
 class _SchemaState:
@@ -157,7 +162,7 @@ class EpisodicStore:
         database enforces it too, with row-level security (the tenant is set per transaction,
         never per connection); on SQLite the store does. Shares this store's connections;
         closing it does nothing, close the store it came from."""
-        _check_tenant(tenant_id)
+        check_tenant(tenant_id)
         scope = self._backend.tenant
         if scope is not None and tenant_id != scope:
             raise TenantDeniedError(
@@ -195,9 +200,11 @@ class EpisodicStore:
         self._schema.current = True
         return done
 
-    async def _check_schema(self) -> None:
-        """Raise :class:`SchemaNotMigratedError` unless the schema is current (the caller
-        checks ``self._schema.current`` first, so a current schema costs no call)."""
+    async def _ready(self) -> None:
+        """Raise :class:`SchemaNotMigratedError` unless the schema is current. Once it has
+        been seen current, an attribute read."""
+        if self._schema.current:
+            return
         revision = await retry_transient(self._backend.schema_revision, safe=True)
         check_revision(revision, where=self._backend.location)
         self._schema.current = True
@@ -229,12 +236,11 @@ class EpisodicStore:
         """Start a conversation and return its id (a new UUID unless you pass one).
         ``tenant_id`` defaults to the store's tenant (:meth:`for_tenant`), else ``"default"``;
         a scoped store refuses another with :class:`TenantDeniedError`."""
-        if not self._schema.current:
-            await self._check_schema()
+        await self._ready()
         scope = self._backend.tenant
         if tenant_id is None:
             tenant_id = scope or DEFAULT_TENANT
-        _check_tenant(tenant_id)
+        check_tenant(tenant_id)
         if scope is not None and tenant_id != scope:
             raise TenantDeniedError(
                 f"this store is scoped to tenant {scope!r} and cannot create a conversation "
@@ -261,8 +267,7 @@ class EpisodicStore:
 
     async def get_conversation(self, conversation_id: UUID | str) -> Conversation:
         """The conversation's head: tenant, metadata and counters."""
-        if not self._schema.current:
-            await self._check_schema()
+        await self._ready()
         cid = parse_conversation_id(conversation_id)
         head = await retry_transient(lambda: self._backend.get_conversation(cid), safe=True)
         if head is None:
@@ -275,9 +280,8 @@ class EpisodicStore:
         """Conversations, newest first, at most ``limit``: the scoped tenant's (see
         :meth:`for_tenant`), else every one the connection may see. For the next page, pass
         the last one's id as ``before``."""
-        if not self._schema.current:
-            await self._check_schema()
-        _check_limit(limit)
+        await self._ready()
+        check_limit(limit)
         cursor = parse_conversation_id(before) if before is not None else None
         return await retry_transient(
             lambda: self._backend.list_conversations(limit, cursor), safe=True
@@ -306,21 +310,19 @@ class EpisodicStore:
         client ids), since only then is a retry of a write that did commit harmless; otherwise
         it surfaces as :class:`TransientDatabaseError`, and the caller decides.
         """
-        if not self._schema.current:
-            await self._check_schema()
+        await self._ready()
         cid = parse_conversation_id(conversation_id)
-        if expected_seq is not None:
-            _check_seq(expected_seq, "expected_seq")
         batch = prepare_batch(
             cid,
             messages,
             estimator=self.estimator,
             max_message_bytes=self.max_message_bytes,
             idempotency_key=idempotency_key,
+            expected_seq=expected_seq,
             usage=usage,
         )
         result = await retry_transient(
-            lambda: self._backend.append(cid, batch, expected_seq, self.trigger),
+            lambda: self._backend.append(cid, batch, self.trigger),
             safe=batch.idempotency_key is not None,
         )
         _raise_for_refusal(cid, result, expected_seq=expected_seq, key=idempotency_key)
@@ -332,8 +334,7 @@ class EpisodicStore:
         """Record that an agent run ended cleanly. Tool calls still waiting for a result are
         closed as abandoned: compaction can cut past them, loading pairs each with a
         synthetic error result, and a late result for one is refused."""
-        if not self._schema.current:
-            await self._check_schema()
+        await self._ready()
         cid = parse_conversation_id(conversation_id)
         result = await self._backend.mark_run_completed(cid, self._abandoned_tokens, self.trigger)
         _raise_for_refusal(cid, result, expected_seq=None, key=None)
@@ -353,11 +354,10 @@ class EpisodicStore:
     ) -> list[StoredEvent]:
         """Events with seq > ``after_seq``, oldest first, at most ``limit`` (for audits and
         exports; the request path uses ``load_context``)."""
-        if not self._schema.current:
-            await self._check_schema()
+        await self._ready()
         cid = parse_conversation_id(conversation_id)
-        _check_seq(after_seq, "after_seq")
-        _check_limit(limit)
+        check_seq(after_seq, "after_seq")
+        check_limit(limit)
         found = await retry_transient(
             lambda: self._backend.read_events(cid, after_seq, limit), safe=True
         )
@@ -370,60 +370,36 @@ class EpisodicStore:
     async def write_boundary(
         self,
         conversation_id: UUID | str,
+        request: BoundaryRequest,
         *,
-        summary: str,
-        covers_through_seq: int,
-        retained: Sequence[str] = (),
-        reason: str,
-        usage: Usage | None = None,
-        model: str | None = None,
-        expected_boundary_seq: int | None,
-        lease_token: UUID | None = None,
-        retention: RetentionMode = "recent_user_messages",
-        prompt_version: str | None = None,
-        tokens_before: int | None = None,
-        pressure: EpisodicCompactionPressure | None = None,
         attempt: AttemptRecord | None = None,
     ) -> BoundaryEvent:
-        """Append a summary boundary: from now on ``load_context`` returns ``summary`` (the
-        finalized handoff text), the ``retained`` user texts, and every message after
-        ``covers_through_seq``.
+        """Append the summary boundary ``request`` describes: from now on ``load_context``
+        returns its summary (the finalized handoff text), its retained user texts, and every
+        message after its ``covers_through_seq``.
 
         One transaction that refuses (and writes nothing) when a newer boundary than
         ``expected_boundary_seq`` exists (:class:`ConflictError`), when ``lease_token`` no
         longer holds the compaction lease (:class:`LeaseLostError`), or when the cut would
         separate a tool call from its result (:class:`UnsafeCutError`). Messages appended
         after the cut, even while the summary was being written, stay in the context.
-        ``attempt`` (the compaction worker's) is recorded in the same transaction.
-        ``pressure`` is recorded on the boundary; by default, the head's at the time of writing.
-        The summary is held to ``max_message_bytes``, like a message; every argument is checked
-        before any SQL, and a wrong one is a :class:`ValidationError`.
+        ``attempt`` (the compaction worker's) is recorded in the same transaction. The
+        request's fields were checked when it was made; the summary is held here to
+        ``max_message_bytes``, like a message.
         """
-        if not self._schema.current:
-            await self._check_schema()
+        await self._ready()
         cid = parse_conversation_id(conversation_id)
-        if expected_boundary_seq is not None:
-            _check_seq(expected_boundary_seq, "expected_boundary_seq")
-        request = boundary_request(
-            summary=summary,
-            covers_through_seq=covers_through_seq,
-            retained=retained,
-            reason=reason,
-            retention=retention,
-            expected_boundary_seq=expected_boundary_seq,
-            lease_token=lease_token,
-            usage=usage,
-            model=model,
-            prompt_version=prompt_version,
-            tokens_before=tokens_before,
-            pressure=pressure,
-            max_summary_bytes=self.max_message_bytes,
-        )
+        if not isinstance(request, BoundaryRequest):
+            raise ValidationError(
+                "write_boundary takes an episodic.BoundaryRequest", field="request"
+            )
+        request.check_size(self.max_message_bytes)
 
         def plan(head: HeadState, tail: list[StoredEvent], now: datetime) -> BoundaryWrite:
             return plan_boundary(cid, request, head, tail, now=now, estimator=self.estimator)
 
-        written = await self._backend.write_boundary(cid, covers_through_seq, plan, attempt)
+        planner = BoundaryPlanner(request.covers_through_seq, plan, attempt)
+        written = await self._backend.write_boundary(cid, planner)
         if written is None:
             raise NotFoundError(cid)
         return written.event.model_copy(update={"created_at": utc(written.event.created_at)})
@@ -458,8 +434,7 @@ class EpisodicStore:
     ) -> tuple[Context, list[StoredEvent]]:
         """``load_context`` plus the raw events after the latest cut, for the compaction
         worker, which needs them to find a safe cut (still one statement)."""
-        if not self._schema.current:
-            await self._check_schema()
+        await self._ready()
         cid = parse_conversation_id(conversation_id)
         loaded = await retry_transient(lambda: self._backend.load_tail(cid), safe=True)
         if loaded is None:
@@ -489,10 +464,9 @@ class EpisodicStore:
         one statement (``FOR UPDATE SKIP LOCKED`` on PostgreSQL): any number of workers can
         share the queue, and a crashed worker's lease simply expires. ``lease_seconds`` is
         above 0 and at most :data:`MAX_LEASE_SECONDS` (a week); ``limit`` at most 10,000."""
-        if not self._schema.current:
-            await self._check_schema()
-        _check_lease(owner, lease_seconds)
-        _check_limit(limit)
+        await self._ready()
+        check_lease(owner, lease_seconds)
+        check_limit(limit)
         return await self._backend.claim(owner, limit, lease_seconds)
 
     async def claim_conversation(
@@ -505,10 +479,9 @@ class EpisodicStore:
     ) -> Claim | None:
         """Lease one conversation now, due or not, for an operator-forced compaction. None
         when a worker holds its lease; :class:`NotFoundError` when it does not exist."""
-        if not self._schema.current:
-            await self._check_schema()
+        await self._ready()
         cid = parse_conversation_id(conversation_id)
-        _check_lease(owner, lease_seconds)
+        check_lease(owner, lease_seconds)
         check_text(reason, field="reason", max_length=MAX_CLAIM_TEXT_LENGTH)
         claim = await self._backend.claim_conversation(cid, owner, lease_seconds, reason)
         if claim is None:
@@ -518,8 +491,7 @@ class EpisodicStore:
     async def listen_for_due(self, wake: Callable[[], None]) -> Closer | None:
         """Call ``wake`` whenever a conversation becomes due (PostgreSQL NOTIFY). Returns a
         coroutine function that stops listening, or None where only polling works."""
-        if not self._schema.current:
-            await self._check_schema()
+        await self._ready()
         return await self._backend.listen_for_due(wake)
 
     async def end_attempt(
@@ -528,8 +500,7 @@ class EpisodicStore:
         """Finish an attempt that wrote no boundary: release the lease, schedule the retry or
         the dead state, and record the attempt, all fenced by the lease token. Returns the
         outcome recorded (``lease_lost`` when another worker holds the lease now)."""
-        if not self._schema.current:
-            await self._check_schema()
+        await self._ready()
         scope = self._backend.tenant
         if scope is not None and claim.tenant_id != scope:
             raise TenantDeniedError(
@@ -542,16 +513,14 @@ class EpisodicStore:
     async def mark_due_by_age(self) -> int:
         """The periodic sweep: mark due the conversations whose context is old enough for the
         age rule. Returns how many became due."""
-        if not self._schema.current:
-            await self._check_schema()
+        await self._ready()
         return await self._backend.mark_due_by_age(self.trigger)
 
     async def compaction_status(self, *, recent: int = 10, limit: int = 50) -> CompactionStatus:
         """Counts of due, leased, failing and dead conversations, up to ``limit`` of those
         conversations (dead first, then leased, failing, due), and the ``recent`` latest
         attempts. The scoped tenant's only, for a scoped store."""
-        if not self._schema.current:
-            await self._check_schema()
+        await self._ready()
         check_int(recent, field="recent", low=0, high=MAX_READ_LIMIT)
         check_int(limit, field="limit", low=0, high=MAX_READ_LIMIT)
         return await retry_transient(lambda: self._backend.status(recent, limit), safe=True)
@@ -571,49 +540,6 @@ class EpisodicStore:
             created_at=head.created_at,
             boundary_at=head.boundary_at,
             now=now or datetime.now(UTC),
-        )
-
-
-def parse_conversation_id(value: UUID | str) -> UUID:
-    """A conversation id as a UUID; anything else is a :class:`ValidationError`."""
-    if isinstance(value, UUID):
-        return value
-    if isinstance(value, str):
-        try:
-            return UUID(value)
-        except ValueError:
-            pass
-    raise ValidationError(
-        f"conversation id must be a UUID, got {value!r:.80}", field="conversation_id"
-    )
-
-
-def _check_seq(value: Any, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQ:
-        raise ValidationError(f"{name} must be an integer from 0 to 2**63-1", field=name)
-
-
-def _check_limit(limit: Any) -> None:
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_READ_LIMIT:
-        raise ValidationError(f"limit must be between 1 and {MAX_READ_LIMIT}", field="limit")
-
-
-def _check_tenant(tenant_id: Any) -> None:
-    check_text(tenant_id, field="tenant_id", max_length=MAX_TENANT_ID_LENGTH)
-
-
-def _check_lease(owner: Any, lease_seconds: Any) -> None:
-    """What both ways of claiming take: the worker's name, and a lease that ends after it
-    is granted but within :data:`MAX_LEASE_SECONDS` (NaN and infinity fail the comparison)."""
-    check_text(owner, field="owner", max_length=MAX_CLAIM_TEXT_LENGTH)
-    if (
-        isinstance(lease_seconds, bool)
-        or not isinstance(lease_seconds, int | float)
-        or not 0 < lease_seconds <= MAX_LEASE_SECONDS
-    ):
-        raise ValidationError(
-            f"lease_seconds must be a number of seconds above 0 and at most {MAX_LEASE_SECONDS:,}",
-            field="lease_seconds",
         )
 
 
@@ -680,4 +606,12 @@ def _raise_for_refusal(
     raise AssertionError(f"unknown write outcome {outcome!r}")
 
 
-__all__ = ["DEFAULT_TENANT", "EpisodicStore", "parse_conversation_id"]
+__all__ = [
+    "DEFAULT_TENANT",
+    "MAX_CLAIM_TEXT_LENGTH",
+    "MAX_LEASE_SECONDS",
+    "MAX_READ_LIMIT",
+    "MAX_TENANT_ID_LENGTH",
+    "EpisodicStore",
+    "parse_conversation_id",
+]

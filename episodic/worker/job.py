@@ -24,6 +24,7 @@ from episodic.errors import ConflictError, LeaseLostError
 from episodic.policy import safe_cut
 from episodic.store import EpisodicStore
 from episodic.store.attempts import AttemptEnd, AttemptOutcome, AttemptRecord, Claim
+from episodic.store.boundaries import BoundaryRequest
 from episodic.summarizers import ExtractiveSummarizer, Summarizer, SummarizerError, SummaryResult
 from episodic.worker.backoff import backoff_delay
 
@@ -149,16 +150,20 @@ async def compact_claimed(
         )
         boundary = await store.write_boundary(
             claim.conversation_id,
-            summary=finalized.handoff.text,
-            covers_through_seq=cut,
-            retained=finalized.retained_texts,
-            reason=claim.reason,
-            usage=result.usage,
-            model=result.model,
-            expected_boundary_seq=context.boundary.seq if context.boundary is not None else None,
-            lease_token=claim.lease_token,
-            prompt_version=PROMPT_VERSION,
-            tokens_before=tokens_before,
+            BoundaryRequest(
+                summary=finalized.handoff.text,
+                covers_through_seq=cut,
+                retained=finalized.retained_texts,
+                reason=claim.reason,
+                usage=result.usage,
+                model=result.model,
+                expected_boundary_seq=context.boundary.seq
+                if context.boundary is not None
+                else None,
+                lease_token=claim.lease_token,
+                prompt_version=PROMPT_VERSION,
+                tokens_before=tokens_before,
+            ),
             attempt=record,
         )
         return JobResult(

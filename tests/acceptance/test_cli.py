@@ -14,7 +14,7 @@ from uuid import UUID
 
 import pytest
 
-from episodic import EpisodicStore, Message, ToolCall
+from episodic import BoundaryRequest, EpisodicStore, Message, ToolCall
 from episodic.store.attempts import AttemptEnd, AttemptRecord
 from episodic.store.migrate import HEAD_REVISION
 from tests.conftest import isolated_settings
@@ -295,11 +295,13 @@ async def test_show_context_prints_what_the_model_sees(populated: Populated, wor
     try:
         await store.write_boundary(
             populated.conversation_id,
-            summary="HANDOFF: the test was fixed",
-            covers_through_seq=4,
-            retained=["Fix the failing test, s'il vous plaît"],
-            reason="manual_recovery",
-            expected_boundary_seq=None,
+            BoundaryRequest(
+                summary="HANDOFF: the test was fixed",
+                covers_through_seq=4,
+                retained=["Fix the failing test, s'il vous plaît"],
+                reason="manual_recovery",
+                expected_boundary_seq=None,
+            ),
         )
         await store.append(populated.conversation_id, [Message.user("now the docs")])
         expected = await store.load_context(populated.conversation_id)

@@ -8,6 +8,7 @@ from uuid import uuid4
 import pytest
 
 from episodic import (
+    BoundaryRequest,
     ConflictError,
     EpisodicStore,
     LeaseLostError,
@@ -66,13 +67,15 @@ async def test_boundary_gives_handoff_retained_and_tail(store: EpisodicStore) ->
     await store.append(conv, [Message.user("one more thing")])
     boundary = await store.write_boundary(
         conv,
-        summary="HANDOFF: five requests handled",
-        covers_through_seq=cut,
-        retained=["request 3", "request 4"],
-        reason="unfinished_turns",
-        usage=Usage(input_tokens=900, output_tokens=60),
-        model="fake-model",
-        expected_boundary_seq=None,
+        BoundaryRequest(
+            summary="HANDOFF: five requests handled",
+            covers_through_seq=cut,
+            retained=["request 3", "request 4"],
+            reason="unfinished_turns",
+            usage=Usage(input_tokens=900, output_tokens=60),
+            model="fake-model",
+            expected_boundary_seq=None,
+        ),
     )
     assert boundary.seq == 27
     assert boundary.covers_through_seq == cut
@@ -97,27 +100,33 @@ async def test_stale_expected_boundary_conflicts_and_writes_nothing(
     conv = await _history(store, turns=2)
     first = await store.write_boundary(
         conv,
-        summary="one",
-        covers_through_seq=5,
-        reason="manual_recovery",
-        expected_boundary_seq=None,
+        BoundaryRequest(
+            summary="one",
+            covers_through_seq=5,
+            reason="manual_recovery",
+            expected_boundary_seq=None,
+        ),
     )
     before = await snapshot(database_url)
     with pytest.raises(ConflictError):
         await store.write_boundary(
             conv,
-            summary="two",
-            covers_through_seq=10,
-            reason="manual_recovery",
-            expected_boundary_seq=None,
+            BoundaryRequest(
+                summary="two",
+                covers_through_seq=10,
+                reason="manual_recovery",
+                expected_boundary_seq=None,
+            ),
         )
     assert await snapshot(database_url) == before
     second = await store.write_boundary(
         conv,
-        summary="two",
-        covers_through_seq=10,
-        reason="manual_recovery",
-        expected_boundary_seq=first.seq,
+        BoundaryRequest(
+            summary="two",
+            covers_through_seq=10,
+            reason="manual_recovery",
+            expected_boundary_seq=first.seq,
+        ),
     )
     ctx = await store.load_context(conv)
     assert ctx.messages[0].text == "two"
@@ -133,14 +142,20 @@ async def test_unsafe_cuts_are_refused(store: EpisodicStore, database_url: str, 
         await store.append(conv, [Message.tool_result("a", "done", name="run")])  # seq 4
     if case == "backwards":
         await store.write_boundary(
-            conv, summary="s", covers_through_seq=4, reason="r", expected_boundary_seq=None
+            conv,
+            BoundaryRequest(
+                summary="s", covers_through_seq=4, reason="r", expected_boundary_seq=None
+            ),
         )
     before = await snapshot(database_url)
     cut = {"open_call": 2, "result_after_cut": 3, "past_the_end": 99, "backwards": 1}[case]
     expected = 5 if case == "backwards" else None
     with pytest.raises(UnsafeCutError):
         await store.write_boundary(
-            conv, summary="s", covers_through_seq=cut, reason="r", expected_boundary_seq=expected
+            conv,
+            BoundaryRequest(
+                summary="s", covers_through_seq=cut, reason="r", expected_boundary_seq=expected
+            ),
         )
     assert await snapshot(database_url) == before
 
@@ -214,11 +229,13 @@ async def test_pressure_comes_from_the_head(store: EpisodicStore) -> None:
     assert later.conversation_age_days == 31
     await store.write_boundary(
         conv,
-        summary="short",
-        covers_through_seq=3,
-        reason="context_pressure",
-        usage=Usage(input_tokens=70_000, output_tokens=500),
-        expected_boundary_seq=None,
+        BoundaryRequest(
+            summary="short",
+            covers_through_seq=3,
+            reason="context_pressure",
+            usage=Usage(input_tokens=70_000, output_tokens=500),
+            expected_boundary_seq=None,
+        ),
     )
     after = await store.pressure(conv)
     # The summarizer's own usage never feeds the pressure signal.
@@ -232,11 +249,13 @@ async def test_recent_turns_retention(store: EpisodicStore) -> None:
     # Keep the last two user turns verbatim: cut before the first of them (seq 11).
     await store.write_boundary(
         conv,
-        summary="earlier turns",
-        covers_through_seq=10,
-        reason="context_pressure",
-        retention="recent_turns",
-        expected_boundary_seq=None,
+        BoundaryRequest(
+            summary="earlier turns",
+            covers_through_seq=10,
+            reason="context_pressure",
+            retention="recent_turns",
+            expected_boundary_seq=None,
+        ),
     )
     ctx = await store.load_context(conv)
     assert ctx.messages[0].text == "earlier turns"
@@ -250,11 +269,13 @@ async def test_lease_fencing(store: EpisodicStore) -> None:
     with pytest.raises(LeaseLostError):
         await store.write_boundary(
             conv,
-            summary="s",
-            covers_through_seq=5,
-            reason="r",
-            expected_boundary_seq=None,
-            lease_token=uuid4(),
+            BoundaryRequest(
+                summary="s",
+                covers_through_seq=5,
+                reason="r",
+                expected_boundary_seq=None,
+                lease_token=uuid4(),
+            ),
         )
 
 
@@ -262,15 +283,20 @@ async def test_head_is_the_fold_of_a_log_with_boundaries(store: EpisodicStore) -
     conv = await _history(store, turns=3)
     b1 = await store.write_boundary(
         conv,
-        summary="first",
-        covers_through_seq=5,
-        retained=["request 0"],
-        reason="r",
-        expected_boundary_seq=None,
+        BoundaryRequest(
+            summary="first",
+            covers_through_seq=5,
+            retained=["request 0"],
+            reason="r",
+            expected_boundary_seq=None,
+        ),
     )
     await store.append(conv, [Message.user("x"), Message.assistant(None, tool_calls=[call("z")])])
     await store.write_boundary(
-        conv, summary="second", covers_through_seq=15, reason="r", expected_boundary_seq=b1.seq
+        conv,
+        BoundaryRequest(
+            summary="second", covers_through_seq=15, reason="r", expected_boundary_seq=b1.seq
+        ),
     )
     head = await store.get_conversation(conv)
     assert rebuild_head(await store.read_events(conv)) == counters_of(head)
@@ -285,5 +311,8 @@ async def test_unknown_conversation(store: EpisodicStore) -> None:
         await store.pressure(uuid4())
     with pytest.raises(NotFoundError):
         await store.write_boundary(
-            uuid4(), summary="s", covers_through_seq=1, reason="r", expected_boundary_seq=None
+            uuid4(),
+            BoundaryRequest(
+                summary="s", covers_through_seq=1, reason="r", expected_boundary_seq=None
+            ),
         )

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from episodic import EpisodicStore, Message, ToolCall, ValidationError
+from episodic import BoundaryRequest, EpisodicStore, Message, ToolCall, ValidationError
 from episodic.context import Context
 from episodic.loop import validate_history
 from episodic.models import ImageBlock, MessageEvent, StoredEvent, TextBlock
@@ -189,12 +189,16 @@ async def _write_boundary(store: EpisodicStore, conv: UUID, model: Model, draw: 
         return
     await store.write_boundary(
         conv,
-        summary=draw(non_blank_texts),
-        covers_through_seq=cut,
-        retained=draw(st.lists(texts, max_size=3)),
-        reason=draw(st.sampled_from(["context_pressure", "unfinished_turns", "manual_recovery"])),
-        retention=draw(st.sampled_from(["recent_user_messages", "recent_turns"])),
-        expected_boundary_seq=head.boundary_seq,
+        BoundaryRequest(
+            summary=draw(non_blank_texts),
+            covers_through_seq=cut,
+            retained=draw(st.lists(texts, max_size=3)),
+            reason=draw(
+                st.sampled_from(["context_pressure", "unfinished_turns", "manual_recovery"])
+            ),
+            retention=draw(st.sampled_from(["recent_user_messages", "recent_turns"])),
+            expected_boundary_seq=head.boundary_seq,
+        ),
     )
     model.boundaries += 1
     model.log.append(f"boundary@{cut}")

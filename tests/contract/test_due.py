@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
+from uuid import uuid4
 
 import asyncpg
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy.engine import make_url
 
-from episodic import EpisodicStore, Message, Usage, ValidationError
-from episodic.policy import (
-    EpisodicCompactionConfig,
-    EpisodicCompactionPressure,
-    episodic_compaction_trigger,
-)
+from episodic import BoundaryRequest, EpisodicStore, Message, Usage, ValidationError
+from episodic.policy import EpisodicCompactionConfig
+from episodic.store.due import due_reason
+from episodic.store.projection import HeadCounters
+from tests.support import asyncpg_dsn
 
 
 def _with_trigger(store: EpisodicStore, **thresholds: int | None) -> EpisodicStore:
@@ -42,10 +44,9 @@ async def test_unfinished_turns_make_a_conversation_due(store: EpisodicStore) ->
     assert (await store.get_conversation(conv)).due_since == first_due  # stays due, once
     await store.write_boundary(
         conv,
-        summary="s",
-        covers_through_seq=7,
-        reason="unfinished_turns",
-        expected_boundary_seq=None,
+        BoundaryRequest(
+            summary="s", covers_through_seq=7, reason="unfinished_turns", expected_boundary_seq=None
+        ),
     )
     head = await store.get_conversation(conv)
     assert head.due_since is None
@@ -98,62 +99,87 @@ async def test_becoming_due_notifies_postgres_listeners(pg_store: EpisodicStore)
         await listener.close()
 
 
-thresholds = st.one_of(st.none(), st.integers(0, 60))
 counts = st.integers(0, 80)
+thresholds = st.one_of(st.none(), st.integers(0, 60))
 
 
 @settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
-    estimate=st.one_of(st.none(), st.integers(0, 2_000)),
+    context_tokens=st.integers(0, 2_000),
+    usage=st.one_of(st.none(), st.tuples(st.integers(0, 2_000), st.integers(0, 500))),
     unfinished=counts,
-    age=counts,
     total=counts,
-    trigger_tokens=st.one_of(st.none(), st.integers(0, 2_000)),
-    trigger_turns=st.integers(0, 60),
-    trigger_age=st.integers(0, 60),
-    trigger_age_turns=st.integers(0, 60),
+    age_seconds=st.integers(-3_600, 80 * 86_400),
+    since_boundary=st.one_of(st.none(), st.integers(0, 40 * 86_400)),
+    config=st.builds(
+        EpisodicCompactionConfig,
+        trigger_context_tokens=st.one_of(st.none(), st.integers(0, 2_000)),
+        trigger_unfinished_turns=st.integers(0, 60),
+        trigger_age_days=st.integers(0, 60),
+        trigger_age_turn_count=st.integers(0, 60),
+    ),
+    overrides=st.fixed_dictionaries(
+        {},
+        optional={
+            "trigger_context_tokens": thresholds,
+            "trigger_unfinished_turns": thresholds,
+            "trigger_age_days": thresholds,
+            "trigger_age_turn_count": thresholds,
+        },
+    ),
 )
 def test_sql_trigger_matches_python_policy(
     postgres_url: str,
-    estimate: int | None,
+    context_tokens: int,
+    usage: tuple[int, int] | None,
     unfinished: int,
-    age: int,
     total: int,
-    trigger_tokens: int | None,
-    trigger_turns: int,
-    trigger_age: int,
-    trigger_age_turns: int,
+    age_seconds: int,
+    since_boundary: int | None,
+    config: EpisodicCompactionConfig,
+    overrides: dict[str, int | None],
 ) -> None:
-    pressure = EpisodicCompactionPressure(
-        estimated_context_tokens=estimate,
-        user_messages_after_latest_run_completed=unfinished,
-        conversation_age_days=age,
+    """episodic_trigger_reason against its twin, due_reason: the same head (counters, ages,
+    metadata overrides), the same thresholds, the same instant, the same answer."""
+    now = datetime.now(UTC)
+    created_at = now - timedelta(seconds=age_seconds)
+    boundary_at = now - timedelta(seconds=since_boundary) if since_boundary is not None else None
+    counters = HeadCounters(
+        context_tokens=context_tokens,
+        usage_input_tokens=usage[0] if usage else None,
+        tokens_since_usage=usage[1] if usage else 0,
+        user_messages_since_run_completed=unfinished,
         total_user_messages=total,
     )
-    config = EpisodicCompactionConfig(
-        trigger_context_tokens=trigger_tokens,
-        trigger_unfinished_turns=trigger_turns,
-        trigger_age_days=trigger_age,
-        trigger_age_turn_count=trigger_age_turns,
+    metadata: dict[str, object] = {"compaction": overrides} if overrides else {}
+    expected = due_reason(
+        counters,
+        created_at=created_at,
+        boundary_at=boundary_at,
+        metadata=metadata,
+        default=config,
+        now=now,
     )
-    expected = episodic_compaction_trigger(pressure, config)
+    head = {
+        "conversation_id": str(uuid4()),
+        "tenant_id": "t",
+        "metadata": metadata,
+        "created_at": created_at.isoformat(),
+        "boundary_at": boundary_at.isoformat() if boundary_at else None,
+        **{k: v for k, v in asdict(counters).items() if k != "open_tool_calls"},
+    }
 
     async def in_sql() -> str | None:
-        dsn = make_url(postgres_url).set(drivername="postgresql")
-        connection = await asyncpg.connect(dsn.render_as_string(hide_password=False))
+        connection = await asyncpg.connect(asyncpg_dsn(postgres_url))
         try:
             reason: str | None = await connection.fetchval(
-                "SELECT episodic_trigger_reason($1, $2, $3, $4, $5, $6, $7, $8)",
-                estimate,
-                unfinished,
-                age,
-                total,
-                trigger_tokens,
-                trigger_turns,
-                trigger_age,
-                trigger_age_turns,
+                "SELECT episodic_trigger_reason("
+                "jsonb_populate_record(NULL::episodic_conversations, $1::jsonb), $2::jsonb, $3)",
+                orjson.dumps(head).decode(),
+                config.model_dump_json(),
+                now,
             )
             return reason
         finally:

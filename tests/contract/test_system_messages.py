@@ -8,7 +8,7 @@ fold of the log.
 
 from __future__ import annotations
 
-from episodic import EpisodicStore, Message, MessageEvent, ToolCall, Usage
+from episodic import BoundaryRequest, EpisodicStore, Message, MessageEvent, ToolCall, Usage
 from episodic.store.projection import rebuild_head
 from tests.support import counters_of
 
@@ -74,10 +74,12 @@ async def test_head_equals_the_fold_with_system_messages_across_a_boundary(
     await store.append(conv, [Message.system(PROMPT), Message.user("one"), Message.assistant("a")])
     boundary = await store.write_boundary(
         conv,
-        summary="handoff",
-        covers_through_seq=3,
-        reason="manual_recovery",
-        expected_boundary_seq=None,
+        BoundaryRequest(
+            summary="handoff",
+            covers_through_seq=3,
+            reason="manual_recovery",
+            expected_boundary_seq=None,
+        ),
     )
     await store.append(conv, [Message.system(PROMPT), Message.user("two")])
     head = await store.get_conversation(conv)

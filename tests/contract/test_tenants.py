@@ -11,7 +11,14 @@ from uuid import UUID
 
 import pytest
 
-from episodic import EpisodicStore, Message, NotFoundError, TenantDeniedError, ValidationError
+from episodic import (
+    BoundaryRequest,
+    EpisodicStore,
+    Message,
+    NotFoundError,
+    TenantDeniedError,
+    ValidationError,
+)
 from episodic.policy import EpisodicCompactionConfig
 from episodic.worker import CompactionOptions, CompactionWorker
 from tests.contract.test_worker import ScriptedSummarizer
@@ -52,7 +59,10 @@ async def test_another_tenants_conversation_is_not_found_and_unchanged(
         globex.mark_run_completed(conv),
         globex.claim_conversation(conv, "w", lease_seconds=30),
         globex.write_boundary(
-            conv, summary="s", covers_through_seq=2, reason="r", expected_boundary_seq=None
+            conv,
+            BoundaryRequest(
+                summary="s", covers_through_seq=2, reason="r", expected_boundary_seq=None
+            ),
         ),
     ):
         with pytest.raises(NotFoundError):

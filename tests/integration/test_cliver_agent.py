@@ -24,7 +24,7 @@ cliver_core = require_extra("cliver_core", "cliver")
 
 from cliver_core import AgentCore, CLIverTool, ModelBinding, ModelBindings, presets  # noqa: E402
 
-from episodic import EpisodicStore, Message, ToolCall  # noqa: E402
+from episodic import BoundaryRequest, EpisodicStore, Message, ToolCall  # noqa: E402
 from episodic.context import MISSING_RESULT_TEXT, Context  # noqa: E402
 from episodic.models import BoundaryEvent  # noqa: E402
 from episodic.policy import safe_cut_at_or_before  # noqa: E402
@@ -173,11 +173,13 @@ async def _conversation_after_a_boundary(store: EpisodicStore) -> tuple[UUID, Co
     head = await store.get_conversation(conv)
     boundary = await store.write_boundary(
         conv,
-        summary=HANDOFF,
-        covers_through_seq=cut,
-        retained=RETAINED,
-        reason="unfinished_turns",
-        expected_boundary_seq=head.boundary_seq,
+        BoundaryRequest(
+            summary=HANDOFF,
+            covers_through_seq=cut,
+            retained=RETAINED,
+            reason="unfinished_turns",
+            expected_boundary_seq=head.boundary_seq,
+        ),
     )
     assert isinstance(boundary, BoundaryEvent)
     ctx = await store.load_context(conv)

@@ -7,7 +7,7 @@ import orjson
 import pytest
 from sqlalchemy.engine import make_url
 
-from episodic import EpisodicStore, Message, ToolCall
+from episodic import BoundaryRequest, EpisodicStore, Message, ToolCall
 from episodic.store.postgres import LOAD_TAIL, TAIL_RANGE
 from tests.support import store_through_proxy
 
@@ -27,10 +27,12 @@ async def _long_conversation(store: EpisodicStore, *, events: int, tail: int) ->
     head = await store.get_conversation(conv)
     await store.write_boundary(
         conv,
-        summary="summary of everything so far",
-        covers_through_seq=head.last_seq,
-        reason="context_pressure",
-        expected_boundary_seq=None,
+        BoundaryRequest(
+            summary="summary of everything so far",
+            covers_through_seq=head.last_seq,
+            reason="context_pressure",
+            expected_boundary_seq=None,
+        ),
     )
     await store.append(conv, [Message.user(f"tail {i}") for i in range(tail)])
     return conv
@@ -94,7 +96,7 @@ async def test_a_statement_prepared_while_the_table_was_tiny_still_reads_only_th
     try:
         statement = await connection.prepare(LOAD_TAIL)
         for _ in range(8):  # past the five custom plans, so a generic plan would be cached
-            await statement.fetch(conv)
+            await statement.fetch(conv, None)
         await _grow_behind_boundary(pg_store, conv, events=5_000, tail=50)
         fetched, scanned = await _rows_read(connection, conv, statement.fetch)
     finally:
@@ -121,9 +123,9 @@ async def _rows_read(
         # statements not yet flushed to the cumulative statistics.
         before = await connection.fetchrow(counters)
         if fetch is None:
-            rows = await connection.fetch(LOAD_TAIL, conv)
+            rows = await connection.fetch(LOAD_TAIL, conv, None)
         else:
-            rows = await fetch(conv)  # type: ignore[operator]
+            rows = await fetch(conv, None)  # type: ignore[operator]
         after = await connection.fetchrow(counters)
     assert len(rows) == 51
     return (
@@ -140,11 +142,13 @@ async def _grow_behind_boundary(
         await store.append(conv, batch)  # type: ignore[arg-type]
     head = await store.get_conversation(conv)  # type: ignore[arg-type]
     await store.write_boundary(
-        conv,  # type: ignore[arg-type]
-        summary="summary",
-        covers_through_seq=head.last_seq,
-        reason="context_pressure",
-        expected_boundary_seq=None,
+        conv,
+        BoundaryRequest(
+            summary="summary",
+            covers_through_seq=head.last_seq,
+            reason="context_pressure",
+            expected_boundary_seq=None,
+        ),
     )
     await store.append(conv, [Message.user(f"tail {i}") for i in range(tail)])  # type: ignore[arg-type]
 

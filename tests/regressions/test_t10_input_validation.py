@@ -18,7 +18,7 @@ from uuid import uuid4
 
 import pytest
 
-from episodic import EpisodicStore, Message, ToolCall, Usage
+from episodic import BoundaryRequest, EpisodicStore, Message, ToolCall, Usage
 from episodic.errors import ValidationError
 from episodic.models import MAX_TOKEN_COUNT, messages_from_openai
 from tests.conftest import isolated_settings
@@ -289,7 +289,7 @@ async def test_write_boundary_refuses_bad_arguments(
         "expected_boundary_seq": None,
         **bad,
     }
-    await refused_and_unchanged(url, lambda: store.write_boundary(conv, **kwargs))
+    await refused_and_unchanged(url, lambda: store.write_boundary(conv, BoundaryRequest(**kwargs)))
 
 
 async def test_write_boundary_refuses_a_summary_over_the_message_limit(
@@ -303,10 +303,12 @@ async def test_write_boundary_refuses_a_summary_over_the_message_limit(
         url,
         lambda: store.write_boundary(
             conv,
-            summary=summary,
-            covers_through_seq=1,
-            reason="manual_recovery",
-            expected_boundary_seq=None,
+            BoundaryRequest(
+                summary=summary,
+                covers_through_seq=1,
+                reason="manual_recovery",
+                expected_boundary_seq=None,
+            ),
         ),
     )
 

@@ -46,7 +46,7 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from episodic import EpisodicStore, Message, ToolCall, Usage
+from episodic import BoundaryRequest, EpisodicStore, Message, ToolCall, Usage
 from episodic.errors import (
     ConfigurationError,
     ConflictError,
@@ -1049,6 +1049,10 @@ def _call(h: Harness, p: Probe) -> Any:
         return lambda: EpisodicSettings(_env_file=None, **kw).trigger_config()
     if p.entry == "parse_database_url":
         return lambda: parse_database_url(kw["url"])
+    if p.entry == "write_boundary":
+        # The request is checked as it is made: that is the entry point being fuzzed.
+        conversation = kw.pop("conversation_id")
+        return lambda: s.write_boundary(conversation, BoundaryRequest(**kw))
     method = getattr(s, p.entry)
     return lambda: method(**kw)
 

@@ -29,6 +29,7 @@ import asyncpg
 import pytest
 
 from episodic import (
+    BoundaryRequest,
     EpisodicStore,
     Message,
     NotFoundError,
@@ -146,10 +147,12 @@ async def test_t11_every_identity_reaches_only_its_own_tenant(rls: RlsDatabase) 
                     lambda s, c: s.claim_conversation(c, "intruder", lease_seconds=30),
                     lambda s, c: s.write_boundary(
                         c,
-                        summary="stolen",
-                        covers_through_seq=4,
-                        reason="manual_recovery",
-                        expected_boundary_seq=None,
+                        BoundaryRequest(
+                            summary="stolen",
+                            covers_through_seq=4,
+                            reason="manual_recovery",
+                            expected_boundary_seq=None,
+                        ),
                     ),
                 ):
                     with pytest.raises(NotFoundError):

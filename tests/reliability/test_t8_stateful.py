@@ -66,7 +66,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from episodic import EpisodicStore, Message, ToolCall
+from episodic import BoundaryRequest, EpisodicStore, Message, ToolCall
 from episodic.compaction import DEFAULT_SUMMARY_PREFIX, NO_SUMMARY_TEXT
 from episodic.context import MISSING_RESULT_TEXT, Context, compose_context
 from episodic.errors import (
@@ -783,11 +783,13 @@ def make_machine(run: Runner, store: EpisodicStore, stats: Stats) -> type[RuleBa
             self.note(f"boundary_{mode}")
             call = store.write_boundary(
                 self.conv,
-                summary=summary,
-                covers_through_seq=cut,
-                retained=retained,
-                reason="manual_recovery",
-                expected_boundary_seq=expected_boundary,
+                BoundaryRequest(
+                    summary=summary,
+                    covers_through_seq=cut,
+                    retained=retained,
+                    reason="manual_recovery",
+                    expected_boundary_seq=expected_boundary,
+                ),
             )
             if expected_boundary != model.boundary_seq:
                 with pytest.raises(ConflictError):

@@ -40,7 +40,7 @@ from uuid import UUID
 import pytest
 from hypothesis import given
 
-from episodic import EpisodicStore, Message, ToolCall
+from episodic import BoundaryRequest, EpisodicStore, Message, ToolCall
 from episodic.context import Context, compose_context
 from episodic.errors import UnsafeCutError
 from episodic.models import BoundaryEvent, MessageEvent, RunCompletedEvent, StoredEvent
@@ -337,11 +337,13 @@ async def _direct_boundary(
     async def write(cut: int) -> Any:
         return await store.write_boundary(
             conv,
-            summary=f"summary through {cut}",
-            covers_through_seq=cut,
-            retained=["kept"],
-            reason="manual_recovery",
-            expected_boundary_seq=boundary_seq,
+            BoundaryRequest(
+                summary=f"summary through {cut}",
+                covers_through_seq=cut,
+                retained=["kept"],
+                reason="manual_recovery",
+                expected_boundary_seq=boundary_seq,
+            ),
         )
 
     if requested < covers or not is_safe_cut(events, requested):

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import json
 import logging
 import os
@@ -57,6 +58,7 @@ from sqlalchemy.engine import make_url
 
 from episodic import EpisodicStore
 from episodic.settings import EpisodicSettings
+from episodic.store.backend import BoundaryPlanner
 from episodic.store.postgres import PostgresBackend
 from episodic.summarizers import SummarizerError, SummaryResult
 from episodic.summarizers.classify import summarizer_error
@@ -325,8 +327,13 @@ def _install_wrappers(child: Child) -> None:
 
             return planned
 
-        args = tuple(pausing(a) if callable(a) else a for a in args)
-        kwargs = {k: pausing(v) if callable(v) else v for k, v in kwargs.items()}
+        def paused(value: Any) -> Any:
+            if isinstance(value, BoundaryPlanner):
+                return dataclasses.replace(value, plan=pausing(value.plan))
+            return value
+
+        args = tuple(paused(a) for a in args)
+        kwargs = {k: paused(v) for k, v in kwargs.items()}
         return await backend_write_boundary(self, *args, **kwargs)
 
     EpisodicStore.claim_due = claim_due_wrapper  # type: ignore[method-assign]

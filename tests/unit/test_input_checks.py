@@ -1,5 +1,5 @@
 """The input checks that run before any SQL: shared text and number checks, the re-validation
-of messages and usage in ``prepare_batch``, ``boundary_request``, ``Message.from_openai`` and
+of messages and usage in ``prepare_batch``, ``BoundaryRequest``, ``Message.from_openai`` and
 the translation of out-of-range SQLSTATEs. No database; the store-level reproductions are in
 ``tests/regressions/test_t10_input_validation.py``."""
 
@@ -22,9 +22,10 @@ from episodic.models import (
     ToolCall,
     Usage,
 )
-from episodic.store.batch import encode_json, prepare_batch
-from episodic.store.boundaries import BoundaryRequest, boundary_request
+from episodic.store.batch import prepare_batch
+from episodic.store.boundaries import BoundaryRequest
 from episodic.store.checks import check_int, check_text, checked_usage
+from episodic.store.codec import encode_json
 from episodic.store.translate import translated_errors
 from episodic.tokens import estimator_from_name
 
@@ -344,7 +345,7 @@ def test_encode_json_keeps_null_and_the_word() -> None:
     )
 
 
-# ---- boundary_request --------------------------------------------------------------------------
+# ---- BoundaryRequest ---------------------------------------------------------------------------
 
 
 def request(**overrides: Any) -> BoundaryRequest:
@@ -361,17 +362,18 @@ def request(**overrides: Any) -> BoundaryRequest:
         "prompt_version": None,
         "tokens_before": None,
         "pressure": None,
-        "max_summary_bytes": 100,
         **overrides,
     }
-    return boundary_request(**kwargs)
+    made = BoundaryRequest(**kwargs)
+    made.check_size(100)  # the store's max_message_bytes
+    return made
 
 
 def test_boundary_request_converts_what_it_checked() -> None:
     made = request(usage=Usage(input_tokens=2), model="", tokens_before=MAX_TOKEN_COUNT)
     assert made.retained == ("kept",)
     assert made.usage == Usage(input_tokens=2)
-    assert made.pressure == {}
+    assert made.pressure is None
 
 
 @pytest.mark.parametrize(
@@ -380,6 +382,7 @@ def test_boundary_request_converts_what_it_checked() -> None:
         ({"summary": "s" * 99}, "summary"),  # 101 bytes encoded, quotes included
         ({"summary": "é" * 50}, "summary"),
         ({"covers_through_seq": 2**63}, "covers_through_seq"),
+        ({"expected_boundary_seq": -1}, "expected_boundary_seq"),
         ({"retained": "text"}, "retained"),
         ({"retained": [1]}, "retained"),
         ({"reason": 5}, "reason"),

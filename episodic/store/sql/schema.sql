@@ -1,0 +1,788 @@
+-- episodic's PostgreSQL schema, as it is now: every table, index, trigger, policy, grant and
+-- function, in the order a reader needs them.
+--
+-- This file is what you read; the migrations in migrations/versions/ are frozen history. A
+-- migration that changes a function carries its own frozen copy of the new body, and
+-- tests/contract/test_schema.py migrates an empty database to head, builds another from this
+-- file, and compares their catalogs (function definitions, columns, indexes, constraints,
+-- triggers, policies, row-level security and grants): any drift fails with a diff.
+--
+-- The request path is one function call each: episodic_append, episodic_mark_run_completed
+-- and episodic_load_tail. Each takes named parameters (p_...) and an optional p_scope, the
+-- tenant a scoped store acts for, which the function sets for row-level security inside the
+-- caller's own statement, so scoping never adds a round trip.
+--
+-- SQLite has the same tables (episodic/store/schema.py) and no functions: its backend runs
+-- the Python twins of these rules (episodic/store/rules.py, due.py, projection.py), and
+-- tests/contract/test_twins.py drives both with the same generated appends.
+
+
+-- ==== Roles =================================================================================
+-- Roles belong to the cluster, not the database: another database's migration (or the DBA)
+-- may have made them already. None is a superuser or bypasses row-level security.
+--   episodic_app          the request path: reads and appends within the transaction's tenant,
+--                         never an UPDATE or DELETE of history
+--   episodic_worker       the compaction worker: every head (to claim across tenants), the
+--                         counter and lease columns, events only as the claimed tenant
+--   episodic_all_tenants  every row of every tenant: operators and single-tenant apps
+
+DO $$
+DECLARE
+    v_role text;
+BEGIN
+    FOREACH v_role IN ARRAY ARRAY['episodic_app', 'episodic_worker', 'episodic_all_tenants'] LOOP
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = v_role) THEN
+            EXECUTE format('CREATE ROLE %I NOLOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB '
+                           'NOCREATEROLE', v_role);
+        END IF;
+    END LOOP;
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE EXCEPTION 'episodic needs the roles episodic_app, episodic_worker and '
+                    'episodic_all_tenants, and % may not create roles', current_user
+        USING HINT = 'ask a superuser to run: CREATE ROLE episodic_app NOLOGIN; CREATE ROLE '
+                     'episodic_worker NOLOGIN; CREATE ROLE episodic_all_tenants NOLOGIN; then '
+                     'run episodic migrate again';
+END $$;
+
+
+-- ==== Tables ================================================================================
+-- Every primary and unique key starts with conversation_id, so the log can be partitioned or
+-- distributed (Citus) by conversation.
+
+-- Alembic's: the schema's revision, which EpisodicStore.open() reads.
+CREATE TABLE episodic_alembic_version (
+    version_num character varying(32) NOT NULL,
+    CONSTRAINT episodic_alembic_version_pkc PRIMARY KEY (version_num)
+);
+
+-- The head: one row per conversation, the only mutable table. Its counters are a projection
+-- of the log (episodic/store/projection.py folds the log into the same values; a test proves
+-- the stored head equals the fold): they keep append, load_context and pressure O(1) in the
+-- length of the history.
+CREATE TABLE episodic_conversations (
+    conversation_id uuid NOT NULL,
+    tenant_id text NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    metadata jsonb NOT NULL,
+    last_seq bigint DEFAULT 0 NOT NULL,
+    boundary_seq bigint,
+    covers_through_seq bigint DEFAULT 0 NOT NULL,
+    total_user_messages bigint DEFAULT 0 NOT NULL,
+    user_messages_since_boundary bigint DEFAULT 0 NOT NULL,
+    run_completed_since_boundary bigint DEFAULT 0 NOT NULL,
+    user_messages_since_run_completed bigint DEFAULT 0 NOT NULL,
+    context_tokens bigint DEFAULT 0 NOT NULL,
+    usage_input_tokens bigint,
+    tokens_since_usage bigint DEFAULT 0 NOT NULL,
+    -- {tool_call_id: seq of the assistant message that made the call}, for calls still
+    -- waiting for their result. The smallest seq bounds the safe cut.
+    open_tool_calls jsonb NOT NULL,
+    -- The compaction state: due since when and why, the worker's lease, failures so far.
+    due_since timestamp with time zone,
+    due_reason text,
+    lease_owner text,
+    lease_token uuid,
+    lease_expires_at timestamp with time zone,
+    compaction_attempts integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone,
+    last_error text,
+    dead_since timestamp with time zone,
+    -- When the latest boundary was written: the age rule measures the current context's age,
+    -- so an old conversation just compacted is not due again at once. (Last: a later column.)
+    boundary_at timestamp with time zone,
+    CONSTRAINT pk_episodic_conversations PRIMARY KEY (conversation_id)
+);
+
+-- The worker's queue: conversations due for compaction, by when they may next be tried.
+CREATE INDEX ix_episodic_conversations_due ON episodic_conversations
+    USING btree (next_attempt_at) WHERE ((due_since IS NOT NULL) AND (dead_since IS NULL));
+-- A tenant's conversations, newest first (list_conversations).
+CREATE INDEX ix_episodic_conversations_tenant_created ON episodic_conversations
+    USING btree (tenant_id, created_at, conversation_id);
+
+-- The log: one row per event, never updated or deleted. seq is gapless from 1 in each
+-- conversation; the head's row lock serializes appends. No foreign key to the head: every
+-- insert already holds the head's lock, and a per-row check would cost a lookup per event.
+CREATE TABLE episodic_events (
+    conversation_id uuid NOT NULL,
+    seq bigint NOT NULL,
+    tenant_id text NOT NULL,
+    kind text NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    -- what the event adds to the context's estimate, computed once at append
+    token_estimate integer NOT NULL,
+    -- the event's JSON, as text: decoding it in Python is cheaper than jsonb's output
+    payload text NOT NULL,
+    client_id text,
+    -- on a batch's first event: the provider usage passed with it, the idempotency key and
+    -- hash that make a retry return the first result, and the batch's size
+    usage text,
+    idempotency_key text,
+    request_hash text,
+    batch_size integer,
+    CONSTRAINT ck_episodic_events_kind
+        CHECK ((kind = ANY (ARRAY['message'::text, 'boundary'::text, 'run_completed'::text]))),
+    CONSTRAINT ck_episodic_events_seq_positive CHECK ((seq > 0)),
+    CONSTRAINT pk_episodic_events PRIMARY KEY (conversation_id, seq)
+);
+
+-- Partial: almost no event has an idempotency key or a client id, and a full index would pay
+-- a NULL entry on every append (and could be chosen over the primary key for a tail's range).
+CREATE UNIQUE INDEX uq_episodic_events_conversation_id_client_id ON episodic_events
+    USING btree (conversation_id, client_id) WHERE (client_id IS NOT NULL);
+CREATE UNIQUE INDEX uq_episodic_events_conversation_id_idempotency_key ON episodic_events
+    USING btree (conversation_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
+
+-- The ledger of compaction attempts: every attempt, whatever its outcome, append-only.
+CREATE TABLE episodic_compaction_attempts (
+    conversation_id uuid NOT NULL,
+    attempt_id uuid NOT NULL,
+    tenant_id text NOT NULL,
+    worker text NOT NULL,
+    reason text NOT NULL,
+    outcome text NOT NULL,
+    error text,
+    started_at timestamp with time zone NOT NULL,
+    finished_at timestamp with time zone NOT NULL,
+    usage jsonb,
+    model text,
+    tokens_before bigint,
+    tokens_after bigint,
+    boundary_seq bigint,
+    CONSTRAINT pk_episodic_compaction_attempts PRIMARY KEY (conversation_id, attempt_id)
+);
+
+
+-- ==== History is never rewritten ============================================================
+-- Triggers that raise, not rules that swallow: a DELETE that silently did nothing would look
+-- like it worked. TRUNCATE fires no row triggers, so it has its own statement-level one. The
+-- table owner is refused too; only superusers and session_replication_role=replica skip
+-- triggers, which is why no runtime role is a superuser.
+
+CREATE FUNCTION episodic_refuse_change() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION '% is append-only: % is not allowed', TG_TABLE_NAME, TG_OP
+        USING ERRCODE = 'feature_not_supported',
+              HINT = 'the log is never rewritten; append a new event instead';
+END
+$$;
+
+-- A head may change, but never go: deleting it would orphan its events.
+CREATE FUNCTION episodic_refuse_head_removal() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION '%: % on % is not allowed', 'the head row of a conversation cannot be deleted: its events would be orphaned, and the log is never rewritten', TG_OP, TG_TABLE_NAME
+        USING ERRCODE = 'feature_not_supported',
+              HINT = 'conversations are removed only by the erasure path of episodic';
+END
+$$;
+
+CREATE TRIGGER episodic_events_append_only
+    BEFORE DELETE OR UPDATE ON episodic_events
+    FOR EACH ROW EXECUTE FUNCTION episodic_refuse_change();
+CREATE TRIGGER episodic_events_no_truncate
+    BEFORE TRUNCATE ON episodic_events
+    FOR EACH STATEMENT EXECUTE FUNCTION episodic_refuse_change();
+CREATE TRIGGER episodic_compaction_attempts_append_only
+    BEFORE DELETE OR UPDATE ON episodic_compaction_attempts
+    FOR EACH ROW EXECUTE FUNCTION episodic_refuse_change();
+CREATE TRIGGER episodic_compaction_attempts_no_truncate
+    BEFORE TRUNCATE ON episodic_compaction_attempts
+    FOR EACH STATEMENT EXECUTE FUNCTION episodic_refuse_change();
+CREATE TRIGGER episodic_conversations_no_delete
+    BEFORE DELETE ON episodic_conversations
+    FOR EACH ROW EXECUTE FUNCTION episodic_refuse_head_removal();
+CREATE TRIGGER episodic_conversations_no_truncate
+    BEFORE TRUNCATE ON episodic_conversations
+    FOR EACH STATEMENT EXECUTE FUNCTION episodic_refuse_head_removal();
+
+
+-- ==== Tenants ===============================================================================
+-- A row is visible and writable only while the transaction's episodic.tenant_id names its
+-- tenant; unset means no rows. FORCE holds the tables' owner to it too (an owner otherwise
+-- bypasses row-level security).
+
+ALTER TABLE episodic_conversations ENABLE ROW LEVEL SECURITY;
+ALTER TABLE episodic_conversations FORCE ROW LEVEL SECURITY;
+ALTER TABLE episodic_events ENABLE ROW LEVEL SECURITY;
+ALTER TABLE episodic_events FORCE ROW LEVEL SECURITY;
+ALTER TABLE episodic_compaction_attempts ENABLE ROW LEVEL SECURITY;
+ALTER TABLE episodic_compaction_attempts FORCE ROW LEVEL SECURITY;
+
+CREATE POLICY episodic_tenant_rows ON episodic_conversations
+    USING ((tenant_id = current_setting('episodic.tenant_id'::text, true)))
+    WITH CHECK ((tenant_id = current_setting('episodic.tenant_id'::text, true)));
+CREATE POLICY episodic_tenant_rows ON episodic_events
+    USING ((tenant_id = current_setting('episodic.tenant_id'::text, true)))
+    WITH CHECK ((tenant_id = current_setting('episodic.tenant_id'::text, true)));
+CREATE POLICY episodic_tenant_rows ON episodic_compaction_attempts
+    USING ((tenant_id = current_setting('episodic.tenant_id'::text, true)))
+    WITH CHECK ((tenant_id = current_setting('episodic.tenant_id'::text, true)));
+CREATE POLICY episodic_all_tenants_rows ON episodic_conversations
+    TO episodic_all_tenants
+    USING (true)
+    WITH CHECK (true);
+CREATE POLICY episodic_all_tenants_rows ON episodic_events
+    TO episodic_all_tenants
+    USING (true)
+    WITH CHECK (true);
+CREATE POLICY episodic_all_tenants_rows ON episodic_compaction_attempts
+    TO episodic_all_tenants
+    USING (true)
+    WITH CHECK (true);
+-- The worker's queue: every head (to claim), every attempt (for `episodic status`).
+CREATE POLICY episodic_worker_queue ON episodic_conversations
+    FOR SELECT
+    TO episodic_worker
+    USING (true);
+CREATE POLICY episodic_worker_leases ON episodic_conversations
+    FOR UPDATE
+    TO episodic_worker
+    USING (true)
+    WITH CHECK (true);
+CREATE POLICY episodic_worker_ledger ON episodic_compaction_attempts
+    FOR SELECT
+    TO episodic_worker
+    USING (true);
+
+-- No UPDATE or DELETE of events or attempts for anyone: 42501 before any trigger runs. The
+-- worker may UPDATE only the head's counter and lease columns, never its tenant or metadata.
+GRANT SELECT ON episodic_alembic_version TO episodic_app, episodic_worker, episodic_all_tenants;
+GRANT SELECT, INSERT, UPDATE ON episodic_conversations TO episodic_app;
+GRANT SELECT, INSERT ON episodic_events TO episodic_app;
+GRANT SELECT ON episodic_compaction_attempts TO episodic_app;
+GRANT SELECT ON episodic_conversations TO episodic_worker;
+GRANT UPDATE (
+    last_seq, boundary_seq, covers_through_seq, open_tool_calls, total_user_messages,
+    user_messages_since_boundary, run_completed_since_boundary,
+    user_messages_since_run_completed, context_tokens, usage_input_tokens, tokens_since_usage,
+    due_since, due_reason, next_attempt_at, compaction_attempts, last_error, dead_since,
+    lease_owner, lease_token, lease_expires_at, boundary_at
+) ON episodic_conversations TO episodic_worker;
+GRANT SELECT, INSERT ON episodic_events TO episodic_worker;
+GRANT SELECT, INSERT ON episodic_compaction_attempts TO episodic_worker;
+GRANT SELECT, INSERT, UPDATE ON episodic_conversations TO episodic_all_tenants;
+GRANT SELECT, INSERT ON episodic_events, episodic_compaction_attempts TO episodic_all_tenants;
+
+-- No function is SECURITY DEFINER: each runs with its caller's rights, so the policies above
+-- still decide. Each function that takes p_scope sets the tenant itself and also checks the
+-- conversation belongs to it, so a scoped store connected as a superuser or an
+-- episodic_all_tenants member (whom the policies do not restrict) still sees only its tenant.
+
+-- The tenant a scoped caller acts for; NULL (an unscoped caller, whose role decides what it
+-- sees) leaves the transaction as it is.
+CREATE FUNCTION episodic_set_tenant(p_tenant text) RETURNS void
+    LANGUAGE plpgsql
+    AS $fn$
+BEGIN
+    IF p_tenant IS NOT NULL THEN
+        -- is_local = true: the setting ends with the transaction, so a pooled connection
+        -- never carries one request's tenant into the next.
+        PERFORM set_config('episodic.tenant_id', p_tenant, true);
+    END IF;
+END
+$fn$;
+
+-- The head, locked, for a write (all NULL when the conversation is not there, or not the
+-- scope's). The row lock serializes writes to one conversation: seqs are gapless and a batch
+-- never interleaves with another. In READ COMMITTED each later statement of the caller takes
+-- a fresh snapshot, so once the lock is held it sees everything the previous holder committed.
+CREATE FUNCTION episodic_lock_head(p_conversation_id uuid, p_scope text)
+    RETURNS episodic_conversations
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_head episodic_conversations;
+BEGIN
+    PERFORM episodic_set_tenant(p_scope);
+    SELECT * INTO v_head FROM episodic_conversations c
+     WHERE c.conversation_id = p_conversation_id
+       AND (p_scope IS NULL OR c.tenant_id = p_scope)
+       FOR UPDATE;
+    RETURN v_head;
+END
+$fn$;
+
+
+-- ==== When a conversation is due ============================================================
+-- The trigger is evaluated on the head row in the statement that changed it, so finding work
+-- never scans the log. episodic_trigger_reason is the twin of episodic.store.due.due_reason
+-- (pressure_from, trigger_config_for and episodic.policy.episodic_compaction_trigger): the
+-- thresholds travel as one jsonb, EpisodicCompactionConfig's JSON, so a new rule changes
+-- policy.py, this function and their twin test (tests/contract/test_due.py), nothing else.
+-- (One plpgsql function over the head row, not SQL functions over JSON documents: on every
+-- append that is ~1.5 us of server time instead of ~8.)
+
+-- The caller's thresholds, with the conversation's own in metadata.compaction on top (a null
+-- there means "no override"). The pressure: the estimate is the larger of the stored one and
+-- the latest provider-reported input tokens plus what was appended after them (GREATEST
+-- ignores a NULL usage); the age is that of the current context, in whole days, never
+-- negative. The rules: first match wins, every comparison >=.
+CREATE FUNCTION episodic_trigger_reason(
+    p_head episodic_conversations,
+    p_trigger jsonb,
+    p_now timestamp with time zone
+) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE
+    AS $fn$
+DECLARE
+    v_config jsonb := p_trigger
+        || jsonb_strip_nulls(COALESCE(p_head.metadata -> 'compaction', '{}'::jsonb));
+BEGIN
+    IF (v_config ->> 'trigger_context_tokens') IS NOT NULL
+       AND GREATEST(p_head.context_tokens, p_head.usage_input_tokens + p_head.tokens_since_usage)
+           >= (v_config ->> 'trigger_context_tokens')::bigint THEN
+        RETURN 'context_pressure';
+    END IF;
+    IF p_head.user_messages_since_run_completed
+       >= (v_config ->> 'trigger_unfinished_turns')::bigint THEN
+        RETURN 'unfinished_turns';
+    END IF;
+    IF GREATEST(floor(extract(epoch FROM
+           p_now - COALESCE(p_head.boundary_at, p_head.created_at)) / 86400), 0)
+           >= (v_config ->> 'trigger_age_days')::bigint
+       AND p_head.total_user_messages >= (v_config ->> 'trigger_age_turn_count')::bigint THEN
+        RETURN 'age_and_turns';
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- Marks the conversation due when the trigger fires on its head (as just updated and locked
+-- by the caller, passed in so nothing re-reads it) and wakes idle workers; the NOTIFY is sent
+-- only if the transaction commits. A conversation already due or dead is left alone. Returns
+-- whether it marked the conversation.
+CREATE FUNCTION episodic_mark_due(p_head episodic_conversations, p_trigger jsonb) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_reason text;
+BEGIN
+    IF p_head.due_since IS NOT NULL OR p_head.dead_since IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    v_reason := episodic_trigger_reason(p_head, p_trigger, now());
+    IF v_reason IS NULL THEN
+        RETURN false;
+    END IF;
+    -- Checked again on the row as it is now: the sweep reads heads without locking them.
+    UPDATE episodic_conversations
+       SET due_since = now(), due_reason = v_reason, next_attempt_at = now(),
+           compaction_attempts = 0, last_error = NULL
+     WHERE conversation_id = p_head.conversation_id
+       AND due_since IS NULL AND dead_since IS NULL;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_notify('episodic_due', p_head.conversation_id::text);
+    RETURN true;
+END
+$fn$;
+
+-- The periodic sweep: the same trigger, evaluated now, over conversations with something to
+-- compact that nobody writes to (the age rule fires with time alone). Returns the
+-- conversations it marked due.
+CREATE FUNCTION episodic_sweep_due(p_trigger jsonb) RETURNS SETOF uuid
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_head episodic_conversations;
+BEGIN
+    -- The rule is asked in the scan, so only the few heads it fires on go through
+    -- episodic_mark_due (which asks again, on the row as it is when updated).
+    FOR v_head IN
+        SELECT * FROM episodic_conversations c
+         WHERE c.due_since IS NULL AND c.dead_since IS NULL
+           AND c.last_seq > COALESCE(c.boundary_seq, 0)
+           AND episodic_trigger_reason(c, p_trigger, now()) IS NOT NULL
+    LOOP
+        IF episodic_mark_due(v_head, p_trigger) THEN
+            RETURN NEXT v_head.conversation_id;
+        END IF;
+    END LOOP;
+END
+$fn$;
+
+
+-- ==== The request path ======================================================================
+
+CREATE FUNCTION episodic_create_conversation(
+    p_conversation_id uuid,
+    p_tenant_id text,
+    p_created_at timestamp with time zone,
+    p_metadata jsonb,
+    p_scope text DEFAULT NULL::text
+) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $fn$
+BEGIN
+    PERFORM episodic_set_tenant(p_scope);
+    INSERT INTO episodic_conversations (conversation_id, tenant_id, created_at, metadata,
+                                        open_tool_calls)
+    VALUES (p_conversation_id, p_tenant_id, p_created_at, p_metadata, '{}'::jsonb)
+    ON CONFLICT (conversation_id) DO NOTHING;
+    RETURN FOUND;
+END
+$fn$;
+
+-- The whole append in one statement, so the request path is one round trip. Python has
+-- already validated and encoded the batch (episodic/store/batch.py); this checks what needs
+-- the conversation's state under the head's row lock, in the order the Python twin does
+-- (episodic/store/rules.py: replay, conflict, client id, duplicate call, orphan result),
+-- inserts, and advances the head exactly as HeadCounters.after_message does. A refusal is an
+-- outcome row, not an exception, and nothing is written before it.
+CREATE FUNCTION episodic_append(
+    p_conversation_id uuid,
+    p_expected_seq bigint,
+    p_idempotency_key text,
+    p_request_hash text,
+    p_payloads text[],
+    p_token_estimates integer[],
+    p_client_ids text[],
+    p_usage text,
+    p_usage_input_tokens bigint,
+    p_user_messages integer,
+    p_token_sum bigint,
+    p_called_ids text[],
+    p_opened_ids text[],
+    p_opened_offsets integer[],
+    p_closed_ids text[],
+    p_trigger jsonb,
+    p_scope text DEFAULT NULL::text
+) RETURNS TABLE(o_outcome text, o_seq bigint, o_created_at timestamp with time zone, o_detail text)
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_head episodic_conversations := episodic_lock_head(p_conversation_id, p_scope);
+    v_tenant text := v_head.tenant_id;
+    v_last bigint := v_head.last_seq;
+    v_open jsonb := v_head.open_tool_calls;
+    v_n integer := cardinality(p_payloads);
+    v_prior_seq bigint;
+    v_prior_at timestamptz;
+    v_prior_hash text;
+    v_bad text;
+BEGIN
+    IF v_head.conversation_id IS NULL THEN
+        RETURN QUERY SELECT 'not_found'::text, NULL::bigint, NULL::timestamptz, NULL::text;
+        RETURN;
+    END IF;
+
+    IF p_idempotency_key IS NOT NULL THEN
+        SELECT e.seq, e.created_at, e.request_hash INTO v_prior_seq, v_prior_at, v_prior_hash
+          FROM episodic_events e
+         WHERE e.conversation_id = p_conversation_id AND e.idempotency_key = p_idempotency_key;
+        IF FOUND THEN
+            RETURN QUERY SELECT
+                CASE WHEN v_prior_hash = p_request_hash THEN 'replayed'
+                     ELSE 'idempotency_mismatch' END,
+                v_prior_seq, v_prior_at, NULL::text;
+            RETURN;
+        END IF;
+    END IF;
+
+    IF p_expected_seq IS NOT NULL AND v_last <> p_expected_seq THEN
+        RETURN QUERY SELECT 'conflict'::text, v_last, NULL::timestamptz, NULL::text;
+        RETURN;
+    END IF;
+
+    IF array_remove(p_client_ids, NULL) <> '{}' THEN
+        SELECT e.client_id INTO v_bad
+          FROM episodic_events e
+         WHERE e.conversation_id = p_conversation_id AND e.client_id = ANY (p_client_ids)
+         LIMIT 1;
+        IF FOUND THEN
+            RETURN QUERY SELECT 'client_id_reused'::text, NULL::bigint, NULL::timestamptz, v_bad;
+            RETURN;
+        END IF;
+    END IF;
+
+    -- Most appends carry no tool calls or results: skip these checks then.
+    IF cardinality(p_called_ids) > 0 THEN
+        SELECT x INTO v_bad FROM unnest(p_called_ids) AS x WHERE v_open ? x LIMIT 1;
+    END IF;
+    IF cardinality(p_called_ids) > 0 AND FOUND THEN
+        RETURN QUERY SELECT 'duplicate_tool_call'::text, NULL::bigint, NULL::timestamptz, v_bad;
+        RETURN;
+    END IF;
+
+    IF cardinality(p_closed_ids) > 0 THEN
+        SELECT x INTO v_bad FROM unnest(p_closed_ids) AS x WHERE NOT (v_open ? x) LIMIT 1;
+    END IF;
+    IF cardinality(p_closed_ids) > 0 AND FOUND THEN
+        -- Only on this error path is the log searched, to say why the result is refused.
+        RETURN QUERY SELECT
+            CASE WHEN EXISTS (
+                SELECT 1 FROM episodic_events e
+                 WHERE e.conversation_id = p_conversation_id
+                   AND e.kind = 'run_completed'
+                   AND ((e.payload::jsonb -> 'abandoned_tool_call_ids') ? v_bad)
+            ) THEN 'orphan_abandoned' ELSE 'orphan' END,
+            NULL::bigint, NULL::timestamptz, v_bad;
+        RETURN;
+    END IF;
+
+    INSERT INTO episodic_events (
+        conversation_id, seq, tenant_id, kind, created_at, token_estimate, payload, client_id,
+        usage, idempotency_key, request_hash, batch_size
+    )
+    SELECT p_conversation_id, v_last + t.i, v_tenant, 'message', now(), t.tokens, t.payload,
+           t.client_id,
+           CASE WHEN t.i = 1 THEN p_usage END,
+           CASE WHEN t.i = 1 THEN p_idempotency_key END,
+           CASE WHEN t.i = 1 THEN p_request_hash END,
+           CASE WHEN t.i = 1 THEN v_n END
+      FROM unnest(p_payloads, p_token_estimates, p_client_ids)
+           WITH ORDINALITY AS t(payload, tokens, client_id, i);
+
+    UPDATE episodic_conversations c SET
+        last_seq = v_last + v_n,
+        total_user_messages = c.total_user_messages + p_user_messages,
+        user_messages_since_boundary = c.user_messages_since_boundary + p_user_messages,
+        user_messages_since_run_completed =
+            c.user_messages_since_run_completed + p_user_messages,
+        context_tokens = c.context_tokens + p_token_sum,
+        usage_input_tokens = COALESCE(p_usage_input_tokens, c.usage_input_tokens),
+        tokens_since_usage = CASE WHEN p_usage_input_tokens IS NULL
+                                  THEN c.tokens_since_usage + p_token_sum
+                                  ELSE p_token_sum END,
+        open_tool_calls = CASE
+            WHEN cardinality(p_closed_ids) = 0 AND cardinality(p_opened_ids) = 0 THEN v_open
+            ELSE (v_open - p_closed_ids) || COALESCE(
+                (SELECT jsonb_object_agg(o.id, v_last + o.off + 1)
+                   FROM unnest(p_opened_ids, p_opened_offsets) AS o(id, off)),
+                '{}'::jsonb)
+            END
+     WHERE c.conversation_id = p_conversation_id
+    RETURNING c.* INTO v_head;
+
+    PERFORM episodic_mark_due(v_head, p_trigger);
+    RETURN QUERY SELECT 'appended'::text, v_last + 1, now(), NULL::text;
+END
+$fn$;
+
+-- Closes the run: every call still open is recorded as abandoned (ordered by the seq that
+-- opened it, then by id in byte order, as HeadCounters.abandoned_ids does).
+CREATE FUNCTION episodic_mark_run_completed(
+    p_conversation_id uuid,
+    p_tokens_per_abandoned integer,
+    p_trigger jsonb,
+    p_scope text DEFAULT NULL::text
+) RETURNS TABLE(o_outcome text, o_seq bigint, o_created_at timestamp with time zone, o_detail text)
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_head episodic_conversations := episodic_lock_head(p_conversation_id, p_scope);
+    v_tenant text := v_head.tenant_id;
+    v_last bigint := v_head.last_seq;
+    v_ids jsonb;
+    v_count integer;
+    v_tokens bigint;
+BEGIN
+    IF v_head.conversation_id IS NULL THEN
+        RETURN QUERY SELECT 'not_found'::text, NULL::bigint, NULL::timestamptz, NULL::text;
+        RETURN;
+    END IF;
+    SELECT COALESCE(jsonb_agg(j.key ORDER BY j.value::bigint, j.key COLLATE "C"), '[]'::jsonb),
+           count(*)
+      INTO v_ids, v_count
+      FROM jsonb_each_text(v_head.open_tool_calls) AS j;
+    v_tokens := v_count * p_tokens_per_abandoned;
+    INSERT INTO episodic_events (
+        conversation_id, seq, tenant_id, kind, created_at, token_estimate, payload
+    ) VALUES (
+        p_conversation_id, v_last + 1, v_tenant, 'run_completed', now(), v_tokens,
+        jsonb_build_object('abandoned_tool_call_ids', v_ids)::text
+    );
+    UPDATE episodic_conversations c SET
+        last_seq = v_last + 1,
+        run_completed_since_boundary = c.run_completed_since_boundary + 1,
+        user_messages_since_run_completed = 0,
+        context_tokens = c.context_tokens + v_tokens,
+        tokens_since_usage = c.tokens_since_usage + v_tokens,
+        open_tool_calls = '{}'::jsonb
+     WHERE c.conversation_id = p_conversation_id
+    RETURNING c.* INTO v_head;
+    PERFORM episodic_mark_due(v_head, p_trigger);
+    RETURN QUERY SELECT 'appended'::text, v_last + 1, now(), v_ids::text;
+END
+$fn$;
+
+-- What load_context reads: the head's position and every event after its latest cut (or
+-- after p_after_seq, for the boundary writer). One call, and its cost is the rows returned.
+CREATE FUNCTION episodic_load_tail(
+    p_conversation_id uuid,
+    p_after_seq bigint DEFAULT NULL::bigint,
+    p_scope text DEFAULT NULL::text
+) RETURNS TABLE (
+    o_last_seq bigint,
+    o_boundary_seq bigint,
+    o_seq bigint,
+    o_kind text,
+    o_created_at timestamp with time zone,
+    o_token_estimate integer,
+    o_payload text,
+    o_usage text
+)
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_last bigint;
+    v_boundary bigint;
+    v_covers bigint;
+BEGIN
+    PERFORM episodic_set_tenant(p_scope);
+    SELECT c.last_seq, c.boundary_seq, c.covers_through_seq INTO v_last, v_boundary, v_covers
+      FROM episodic_conversations c
+     WHERE c.conversation_id = p_conversation_id
+       AND (p_scope IS NULL OR c.tenant_id = p_scope);
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    -- EXECUTE: planned on every call with these bounds, never from a cached generic plan that
+    -- a pooled connection made while the table was nearly empty (and that scans a whole
+    -- conversation). The bounds are the head's as read: a boundary or an append committed
+    -- since is simply not included.
+    RETURN QUERY EXECUTE
+        'SELECT $1, $2, e.seq, e.kind, e.created_at, e.token_estimate, e.payload, e.usage
+           FROM episodic_events e
+          WHERE e.conversation_id = $3 AND e.seq > $4 AND e.seq <= $5
+          ORDER BY e.seq'
+        USING v_last, v_boundary, p_conversation_id, COALESCE(p_after_seq, v_covers), v_last;
+    IF NOT FOUND THEN
+        -- Nothing after the cut: still say where the conversation stands.
+        RETURN QUERY SELECT v_last, v_boundary, NULL::bigint, NULL::text, NULL::timestamptz,
+                            NULL::integer, NULL::text, NULL::text;
+    END IF;
+END
+$fn$;
+
+-- A conversation's head: the store's get_conversation, and what the boundary writer plans on.
+CREATE FUNCTION episodic_head(
+    p_conversation_id uuid,
+    p_scope text DEFAULT NULL::text
+) RETURNS SETOF episodic_conversations
+    LANGUAGE plpgsql
+    AS $fn$
+BEGIN
+    PERFORM episodic_set_tenant(p_scope);
+    RETURN QUERY SELECT * FROM episodic_conversations c
+                  WHERE c.conversation_id = p_conversation_id
+                    AND (p_scope IS NULL OR c.tenant_id = p_scope);
+END
+$fn$;
+
+
+-- ==== The compaction worker =================================================================
+-- A boundary is written optimistically: the worker reads the head and the tail, plans in
+-- Python without holding a lock, then writes in this one statement, which applies only if the
+-- head is still the one it planned on (same last seq, same boundary, lease still held).
+-- Returns the number of boundaries written, 0 or 1; on 0 the worker plans again.
+-- p_attempt, when given, is the worker's attempt (an episodic_compaction_attempts row as
+-- JSON, less its tenant and boundary), recorded in the same transaction.
+CREATE FUNCTION episodic_write_boundary(
+    p_conversation_id uuid,
+    p_planned_last_seq bigint,
+    p_planned_boundary_seq bigint,
+    p_lease_token uuid,
+    p_seq bigint,
+    p_covers_through_seq bigint,
+    p_user_messages_since_boundary bigint,
+    p_run_completed_since_boundary bigint,
+    p_user_messages_since_run_completed bigint,
+    p_context_tokens bigint,
+    p_created_at timestamp with time zone,
+    p_token_estimate integer,
+    p_payload text,
+    p_attempt jsonb DEFAULT NULL::jsonb,
+    p_scope text DEFAULT NULL::text
+) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_written bigint;
+BEGIN
+    PERFORM episodic_set_tenant(p_scope);
+    WITH head AS (
+        UPDATE episodic_conversations SET
+            last_seq = p_seq, boundary_seq = p_seq, covers_through_seq = p_covers_through_seq,
+            user_messages_since_boundary = p_user_messages_since_boundary,
+            run_completed_since_boundary = p_run_completed_since_boundary,
+            user_messages_since_run_completed = p_user_messages_since_run_completed,
+            context_tokens = p_context_tokens,
+            usage_input_tokens = NULL, tokens_since_usage = 0,
+            due_since = NULL, due_reason = NULL, lease_owner = NULL, lease_token = NULL,
+            lease_expires_at = NULL, compaction_attempts = 0, next_attempt_at = NULL,
+            last_error = NULL, dead_since = NULL, boundary_at = p_created_at
+         WHERE conversation_id = p_conversation_id
+           AND (p_scope IS NULL OR tenant_id = p_scope)
+           AND last_seq = p_planned_last_seq
+           AND boundary_seq IS NOT DISTINCT FROM p_planned_boundary_seq
+           AND (p_lease_token IS NULL
+                OR (lease_token = p_lease_token AND lease_expires_at > now()))
+        RETURNING tenant_id
+    ), boundary AS (
+        INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
+                                     token_estimate, payload)
+        SELECT p_conversation_id, p_seq, head.tenant_id, 'boundary', p_created_at,
+               p_token_estimate, p_payload
+          FROM head
+        RETURNING seq
+    ), attempt AS (
+        INSERT INTO episodic_compaction_attempts
+        SELECT (jsonb_populate_record(
+                    NULL::episodic_compaction_attempts,
+                    p_attempt || jsonb_build_object('tenant_id', head.tenant_id,
+                                                    'boundary_seq', p_seq))).*
+          FROM head
+         WHERE p_attempt IS NOT NULL
+    )
+    SELECT count(*) INTO v_written FROM boundary;
+    RETURN v_written;
+END
+$fn$;
+
+-- Ends an attempt that wrote no boundary, fenced by the lease token, and records it (p_attempt:
+-- the episodic_compaction_attempts row as JSON, less its finish). A worker whose lease was
+-- taken over changes nothing but the ledger: the attempt is recorded as 'lease_lost'.
+CREATE FUNCTION episodic_end_attempt(
+    p_conversation_id uuid,
+    p_lease_token uuid,
+    p_clear_due boolean,
+    p_retry_in_seconds double precision,
+    p_dead boolean,
+    p_attempt jsonb,
+    p_scope text DEFAULT NULL::text
+) RETURNS text
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_held boolean;
+    v_outcome text;
+BEGIN
+    PERFORM episodic_set_tenant(p_scope);
+    UPDATE episodic_conversations
+       SET lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+           due_since = CASE WHEN p_clear_due THEN NULL ELSE due_since END,
+           due_reason = CASE WHEN p_clear_due THEN NULL ELSE due_reason END,
+           compaction_attempts = CASE WHEN p_clear_due THEN 0 ELSE compaction_attempts END,
+           next_attempt_at = CASE WHEN p_clear_due THEN NULL
+                                  ELSE now() + make_interval(secs => p_retry_in_seconds) END,
+           dead_since = CASE WHEN p_dead THEN now() ELSE dead_since END,
+           last_error = p_attempt ->> 'error'
+     WHERE conversation_id = p_conversation_id AND lease_token = p_lease_token
+       AND tenant_id = p_attempt ->> 'tenant_id';
+    v_held := FOUND;
+    INSERT INTO episodic_compaction_attempts
+    SELECT (jsonb_populate_record(
+                NULL::episodic_compaction_attempts,
+                p_attempt || jsonb_build_object(
+                    'outcome', CASE WHEN v_held THEN p_attempt ->> 'outcome' ELSE 'lease_lost' END,
+                    'finished_at', now(), 'tokens_after', NULL, 'boundary_seq', NULL))).*
+    RETURNING outcome INTO v_outcome;
+    RETURN v_outcome;
+END
+$fn$;
