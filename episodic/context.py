@@ -10,14 +10,22 @@ abandoned run can never make the next request fail with a 400.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from uuid import UUID
 
 from pydantic import ConfigDict
 
 from episodic.compaction import truncate_to_token_budget
 from episodic.errors import ConfigurationError
-from episodic.models import BoundaryEvent, EpisodicModel, Message, MessageEvent, StoredEvent
+from episodic.models import (
+    BoundaryEvent,
+    EpisodicModel,
+    Message,
+    MessageEvent,
+    StoredEvent,
+    ToolCall,
+    construct_valid,
+)
 from episodic.rendering import context_token_estimate
 from episodic.tokens import TokenEstimator
 
@@ -111,74 +119,77 @@ def compose_context(
     conversation_id: UUID,
     *,
     boundary: BoundaryEvent | None,
-    tail: Sequence[StoredEvent],
+    tail: Sequence[Message],
     last_seq: int,
     estimator: TokenEstimator,
     max_tool_result_tokens: int | None = None,
 ) -> Context:
-    """Build the context from the latest boundary (or none) and the events after its cut."""
+    """Build the context from the latest boundary (or none) and the stored messages after its
+    cut, in seq order (:func:`tail_messages` picks them from events)."""
     messages: list[Message] = boundary_messages(boundary) if boundary is not None else []
     # The boundary's stored estimate covers its handoff and retained messages together.
     estimated = boundary.token_estimate if boundary is not None else 0
     for message in _paired(tail):
         if max_tool_result_tokens is not None and message.role == "tool":
             message = _capped(message, max_tool_result_tokens, estimator)
-        if message.token_estimate is None:
-            message = message.model_copy(
-                update={"token_estimate": context_token_estimate(message, estimator)}
-            )
-        estimated += message.token_estimate or 0
+        tokens = message.token_estimate
+        if tokens is None:
+            tokens = context_token_estimate(message, estimator)
+            message = message.model_copy(update={"token_estimate": tokens})
+        estimated += tokens
         messages.append(message)
-    return Context(
-        conversation_id=conversation_id,
-        messages=tuple(messages),
-        boundary=boundary,
-        estimated_tokens=estimated,
-        last_seq=last_seq,
+    # Every part is a valid, frozen model already: no need to validate them again.
+    return construct_valid(
+        Context,
+        {
+            "conversation_id": conversation_id,
+            "messages": tuple(messages),
+            "boundary": boundary,
+            "estimated_tokens": estimated,
+            "last_seq": last_seq,
+        },
     )
 
 
-def _paired(tail: Sequence[StoredEvent]) -> list[Message]:
-    """Tail messages in order, each call group followed by all its results."""
-    body: list[Message] = []
-    # For each assistant message (by position in body), one slot per call, filled by the
-    # result that answers that call occurrence (ids may be reused once answered).
-    slots: dict[int, list[Message | None]] = {}
-    waiting: dict[str, tuple[int, int]] = {}
-    for event in tail:
-        if not isinstance(event, MessageEvent):
-            continue
-        message = event.message
-        if message.role == "system" or _is_empty_assistant(message):
-            continue
-        if message.role == "tool":
-            place = waiting.pop(message.tool_call_id or "", None)
-            if place is not None:
-                slots[place[0]][place[1]] = message
+def tail_messages(events: Sequence[StoredEvent]) -> list[Message]:
+    """The messages among ``events``, in order."""
+    return [event.message for event in events if isinstance(event, MessageEvent)]
+
+
+def _paired(tail: Sequence[Message]) -> list[Message]:
+    """Tail messages in order, each call group followed by all its results. One pass: each
+    call gets a slot right after its group, filled by the result that answers that call
+    occurrence (ids may be reused once answered), or at the end by a synthetic error result."""
+    out: list[Message | None] = []
+    slots: list[tuple[int, ToolCall]] = []
+    waiting: dict[str, int] = {}  # call id -> its slot in out
+    for message in tail:
+        role = message.role
+        if role == "tool":
+            slot = waiting.pop(message.tool_call_id or "", None)
+            if slot is not None:
+                out[slot] = message
             # A result whose call is not in the tail cannot be placed; the safe cut rule
             # means it does not happen, and a provider would refuse it, so it is left out.
             continue
-        body.append(message)
-        if message.tool_calls:
-            index = len(body) - 1
-            slots[index] = [None] * len(message.tool_calls)
-            for position, call in enumerate(message.tool_calls):
-                waiting[call.id] = (index, position)
-    out: list[Message] = []
-    for index, message in enumerate(body):
+        calls = message.tool_calls
+        if role == "system" or (role == "assistant" and not calls and _is_empty(message)):
+            continue
         out.append(message)
-        for position, result in enumerate(slots.get(index, ())):
-            if result is None:
-                call = message.tool_calls[position]
-                result = missing_result(call.id, call.name)
-            out.append(result)
-    return out
+        for call in calls:
+            waiting[call.id] = len(out)
+            slots.append((len(out), call))
+            out.append(None)
+    for slot, call in slots:
+        if out[slot] is None:
+            out[slot] = missing_result(call.id, call.name)
+    return cast("list[Message]", out)
 
 
-def _is_empty_assistant(message: Message) -> bool:
-    """An assistant turn with no text and no calls (a reasoning-only or aborted turn): the log
-    keeps it, but chat-completions refuses an assistant message with neither."""
-    return message.role == "assistant" and not message.tool_calls and not message.text.strip()
+def _is_empty(message: Message) -> bool:
+    """No text: an assistant turn with no calls either (a reasoning-only or aborted turn) is
+    kept by the log, but chat-completions refuses an assistant message with neither."""
+    return not message.text.strip()
 
 
 def _capped(message: Message, max_tokens: int, estimator: TokenEstimator) -> Message:
@@ -198,4 +209,5 @@ __all__ = [
     "boundary_messages",
     "compose_context",
     "missing_result",
+    "tail_messages",
 ]

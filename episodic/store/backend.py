@@ -20,19 +20,10 @@ from episodic.store.attempts import (
 )
 from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite
+from episodic.store.codec import Tail
 from episodic.store.migrate import SchemaMigration
 from episodic.store.projection import HeadState
 from episodic.store.rules import Outcome, WriteOutcome
-
-
-@dataclass(frozen=True, slots=True)
-class LoadedTail:
-    """What ``load_context`` reads: the head's position and the events after the cut."""
-
-    last_seq: int
-    boundary_seq: int | None
-    events: list[StoredEvent]
-
 
 Closer = Callable[[], Awaitable[None]]
 PlanBoundary = Callable[[HeadState, list[StoredEvent], datetime], BoundaryWrite]
@@ -129,8 +120,9 @@ class Backend(Protocol):
         ``recent`` latest attempts; only the scoped tenant's, when scoped."""
         ...
 
-    async def load_tail(self, conversation_id: UUID) -> LoadedTail | None:
-        """The head's position and every event after its latest cut, in one statement."""
+    async def load_tail(self, conversation_id: UUID, *, with_events: bool) -> Tail | None:
+        """The head's position, its latest boundary and the messages after its cut (and,
+        ``with_events``, every event after it), in one statement."""
         ...
 
     async def read_events(
@@ -151,7 +143,6 @@ __all__ = [
     "Backend",
     "BoundaryPlanner",
     "Closer",
-    "LoadedTail",
     "Outcome",
     "PlanBoundary",
     "WriteOutcome",

@@ -24,6 +24,7 @@ REVISIONS = (
     "0004_tenant_isolation",
     "0005_protected_heads",
     "0006_named_parameters",
+    "0007_lean_append",
 )
 HEAD_REVISION = REVISIONS[-1]
 

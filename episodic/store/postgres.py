@@ -37,22 +37,33 @@ from episodic.store.attempts import (
     CompactionQueueEntry,
     CompactionStatus,
 )
-from episodic.store.backend import BoundaryPlanner, Closer, LoadedTail, WriteOutcome
+from episodic.store.backend import BoundaryPlanner, Closer, WriteOutcome
 from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite
-from episodic.store.codec import decode_conversation, decode_event_row, decode_head_state
+from episodic.store.codec import (
+    EVENT_COLUMNS,
+    Tail,
+    decode_conversation,
+    decode_event_row,
+    decode_head_state,
+    decode_tail,
+)
 from episodic.store.engine import DatabaseUrl
 from episodic.store.migrate import SchemaMigration, upgrade_to_head
+from episodic.store.pool import Pool
 from episodic.store.sql import named_call
-from episodic.store.translate import connection_refused, translated_errors
+from episodic.store.translate import connection_refused, translated, translated_errors
 
 READ_REVISION = "SELECT version_num FROM episodic_alembic_version"
 
 OUTCOME = "o_outcome, o_seq, o_created_at, o_detail"
+# Rows of events: codec.EVENT_COLUMNS, in order (read by position).
+EVENT = ", ".join(f"o_{name} AS {name}" for name in EVENT_COLUMNS)
+# load_context's rows: the same, with created_at in seconds since the epoch (codec.instant),
+# then where the head stands (the same on every row).
 TAIL = (
-    "o_last_seq AS last_seq, o_boundary_seq AS boundary_seq, o_seq AS seq, o_kind AS kind, "
-    "o_created_at AS created_at, o_token_estimate AS token_estimate, o_payload AS payload, "
-    "o_usage AS usage"
+    EVENT.replace("o_created_at AS", "date_part('epoch', o_created_at) AS")
+    + ", o_last_seq AS last_seq, o_boundary_seq AS boundary_seq"
 )
 
 # The request path: one call each to the functions in sql/schema.sql, by parameter name. The
@@ -87,8 +98,8 @@ LOAD_TAIL = named_call("episodic_load_tail", ("p_conversation_id", "p_scope"), c
 # Everything else a scoped store does runs in a transaction that starts with this.
 SET_TENANT = named_call("episodic_set_tenant", ("p_tenant",))
 
-READ_EVENTS = """
-SELECT seq, kind, created_at, token_estimate, payload, usage
+READ_EVENTS = f"""
+SELECT {", ".join(EVENT_COLUMNS)}
   FROM episodic_events
  WHERE conversation_id = $1 AND seq > $2 AND ($4::text IS NULL OR tenant_id = $4)
  ORDER BY seq
@@ -118,7 +129,7 @@ READ_TAIL_AFTER = (
     named_call(
         "episodic_load_tail",
         ("p_conversation_id", "p_after_seq", "p_scope"),
-        columns=TAIL.removeprefix("o_last_seq AS last_seq, o_boundary_seq AS boundary_seq, "),
+        columns=EVENT,
     )
     + " WHERE o_seq IS NOT NULL"
 )
@@ -262,12 +273,6 @@ async def _init_connection(connection: asyncpg.Connection) -> None:
         )
 
 
-async def _keep_session(connection: asyncpg.Connection) -> None:
-    """Pool reset that sends nothing. asyncpg's default sends RESET ALL and friends on every
-    release, a round trip per request; episodic leaves no session state behind (settings are
-    transaction-local, advisory locks transaction-scoped, LISTEN on dedicated connections)."""
-
-
 def _connector(url: str, timeout: float) -> Callable[..., Awaitable[asyncpg.Connection]]:
     """``asyncpg.connect`` for the pool and the listener, with a refused connection raised
     as the :class:`~episodic.errors.DatabaseUnavailableError` that says what to fix, however
@@ -292,7 +297,7 @@ class PostgresBackend:
     def __init__(
         self,
         url: DatabaseUrl,
-        pool: asyncpg.Pool,
+        pool: Pool,
         connect: Callable[..., Awaitable[asyncpg.Connection]],
         tenant: str | None = None,
     ) -> None:
@@ -331,16 +336,19 @@ class PostgresBackend:
         connect_timeout: float = 10.0,
     ) -> PostgresBackend:
         connect = _connector(url.masked, connect_timeout)
+        dsn = url.asyncpg
+
+        async def pooled() -> asyncpg.Connection:
+            connection = await connect(dsn, server_settings=server_settings)
+            try:
+                await _init_connection(connection)
+            except BaseException:
+                connection.terminate()
+                raise
+            return connection
+
         with translated_errors():
-            pool = await asyncpg.create_pool(
-                url.asyncpg,
-                min_size=min_size,
-                max_size=max_size,
-                server_settings=server_settings,
-                init=_init_connection,
-                reset=_keep_session,
-                connect=connect,
-            )
+            pool = await Pool.open(pooled, min_size=min_size, max_size=max_size)
         return cls(url, pool, connect)
 
     async def migrate(self) -> SchemaMigration:
@@ -396,15 +404,16 @@ class PostgresBackend:
             batch.request_hash,
             batch.payloads,
             batch.token_estimates,
-            batch.client_ids,
+            # NULL, not an array, where there is nothing: most batches (see episodic_append).
+            batch.client_ids if any(batch.client_ids) else None,
             batch.usage_json,
             batch.usage_input_tokens,
             batch.user_messages,
             batch.token_sum,
-            batch.called_ids,
-            batch.opened_ids,
-            batch.opened_offsets,
-            batch.closed_ids,
+            batch.called_ids or None,
+            batch.opened_ids or None,
+            batch.opened_offsets or None,
+            batch.closed_ids or None,
             trigger_document(trigger),
             self.tenant,
         )
@@ -422,8 +431,10 @@ class PostgresBackend:
 
     async def _write(self, statement: str, *arguments: Any) -> WriteOutcome:
         """A request-path write: one call that answers an outcome row (not an exception)."""
-        with translated_errors():
+        try:
             row = await self._pool.fetchrow(statement, *arguments)
+        except Exception as exc:
+            raise translated(exc) from exc
         return WriteOutcome(
             outcome=row["o_outcome"],
             seq=row["o_seq"],
@@ -511,7 +522,8 @@ class PostgresBackend:
 
     async def listen_for_due(self, wake: Callable[[], None]) -> Closer:
         # A dedicated connection: LISTEN is session state, which pooled connections must
-        # not carry (the pool does not reset them, see _keep_session).
+        # not carry (the pool gives them back as they are, with no reset: episodic leaves no
+        # session state behind, its settings and advisory locks being transaction-local).
         assert self._url.asyncpg is not None
         with translated_errors():
             connection = await self._connect(self._url.asyncpg)
@@ -559,15 +571,18 @@ class PostgresBackend:
             recent_attempts=[dict(row) for row in attempts],
         )
 
-    async def load_tail(self, conversation_id: UUID) -> LoadedTail | None:
+    async def load_tail(self, conversation_id: UUID, *, with_events: bool) -> Tail | None:
         with translated_errors():
             rows = await self._pool.fetch(LOAD_TAIL, conversation_id, self.tenant)
         if not rows:
             return None
         first = rows[0]
-        events = [decode_event_row(conversation_id, r) for r in rows if r["seq"] is not None]
-        return LoadedTail(
-            last_seq=first["last_seq"], boundary_seq=first["boundary_seq"], events=events
+        return decode_tail(
+            conversation_id,
+            rows if first["seq"] is not None else (),
+            last_seq=first["last_seq"],
+            boundary_seq=first["boundary_seq"],
+            with_events=with_events,
         )
 
     async def read_events(

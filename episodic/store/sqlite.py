@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
-from sqlalchemy import and_, column, event, func, insert, or_, select, table, update
+from sqlalchemy import Select, and_, column, event, func, insert, or_, select, table, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection as SyncConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -35,16 +35,20 @@ from episodic.store.attempts import (
     CompactionStatus,
     QueueState,
 )
-from episodic.store.backend import BoundaryPlanner, Closer, LoadedTail, WriteOutcome
+from episodic.store.backend import BoundaryPlanner, Closer, WriteOutcome
 from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite
 from episodic.store.codec import (
+    EVENT_COLUMNS,
+    Tail,
     counter_values,
     decode_conversation,
     decode_counters,
     decode_event_row,
     decode_head_state,
+    decode_tail,
     encode_json,
+    epoch_seconds,
     json_value,
     utc,
 )
@@ -496,13 +500,22 @@ class SqliteBackend:
             recent_attempts=[dict(row) for row in rows],
         )
 
-    async def load_tail(self, conversation_id: UUID) -> LoadedTail | None:
+    async def load_tail(self, conversation_id: UUID, *, with_events: bool) -> Tail | None:
         async with self._read() as conn:
             head = await _head(conn, conversation_id, self.tenant)
             if head is None:
                 return None
-            tail = await _events_after(conn, conversation_id, head["covers_through_seq"], None)
-        return LoadedTail(last_seq=head["last_seq"], boundary_seq=head["boundary_seq"], events=tail)
+            rows = await conn.execute(_after(conversation_id, head["covers_through_seq"], None))
+            return decode_tail(
+                conversation_id,
+                (
+                    (seq, kind, epoch_seconds(created_at), tokens, payload, usage)
+                    for seq, kind, created_at, tokens, payload, usage in rows
+                ),
+                last_seq=head["last_seq"],
+                boundary_seq=head["boundary_seq"],
+                with_events=with_events,
+            )
 
     async def read_events(
         self, conversation_id: UUID, after_seq: int, limit: int
@@ -685,24 +698,22 @@ def _due_marking(
     )
 
 
-async def _events_after(
-    conn: AsyncConnection, conversation_id: UUID, after_seq: int, limit: int | None
-) -> list[StoredEvent]:
-    query = (
-        select(
-            events.c.seq,
-            events.c.kind,
-            events.c.created_at,
-            events.c.token_estimate,
-            events.c.payload,
-            events.c.usage,
-        )
+def _after(conversation_id: UUID, after_seq: int, limit: int | None) -> Select[Any]:
+    """The events of a conversation after ``after_seq``, oldest first (rows of the
+    codec's ``EVENT_COLUMNS``, which it reads by position)."""
+    return (
+        select(*(events.c[name] for name in EVENT_COLUMNS))
         .where(events.c.conversation_id == conversation_id, events.c.seq > after_seq)
         .order_by(events.c.seq)
         .limit(limit)
     )
-    rows = await conn.execute(query)
-    return [decode_event_row(conversation_id, row._mapping) for row in rows]
+
+
+async def _events_after(
+    conn: AsyncConnection, conversation_id: UUID, after_seq: int, limit: int | None
+) -> list[StoredEvent]:
+    rows = await conn.execute(_after(conversation_id, after_seq, limit))
+    return [decode_event_row(conversation_id, row) for row in rows]
 
 
 async def _abandoned_calls(conn: AsyncConnection, conversation_id: UUID) -> list[str]:

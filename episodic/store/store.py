@@ -29,6 +29,7 @@ from episodic.models import (
     RunCompletedEvent,
     StoredEvent,
     Usage,
+    construct_valid,
 )
 from episodic.policy import EpisodicCompactionConfig, EpisodicCompactionPressure
 from episodic.settings import EpisodicSettings, load_settings
@@ -55,7 +56,7 @@ from episodic.store.checks import (
     check_text,
     parse_conversation_id,
 )
-from episodic.store.codec import encode_json, utc
+from episodic.store.codec import Tail, encode_json, utc
 from episodic.store.due import check_overrides, pressure_from
 from episodic.store.engine import parse_database_url
 from episodic.store.migrate import HEAD_REVISION, SchemaMigration, check_revision
@@ -415,6 +416,7 @@ class EpisodicStore:
         One statement on PostgreSQL, reading only the rows it returns. Tool results over
         ``max_tool_result_tokens`` are cut here with a visible marker; the log keeps them whole.
         """
+        await self._ready()
         cid = parse_conversation_id(conversation_id)
         if max_tool_result_tokens is not None and (
             isinstance(max_tool_result_tokens, bool)
@@ -424,38 +426,37 @@ class EpisodicStore:
             raise ValidationError(
                 "max_tool_result_tokens must be a positive integer", field="max_tool_result_tokens"
             )
-        context, _ = await self.load_context_and_tail(
-            cid, max_tool_result_tokens=max_tool_result_tokens
+        loaded = await retry_transient(
+            lambda: self._backend.load_tail(cid, with_events=False), safe=True
         )
-        return context
+        if loaded is None:
+            raise NotFoundError(cid)
+        return self._compose(cid, loaded, max_tool_result_tokens)
 
     async def load_context_and_tail(
-        self, conversation_id: UUID | str, *, max_tool_result_tokens: int | None = None
+        self, conversation_id: UUID | str
     ) -> tuple[Context, list[StoredEvent]]:
         """``load_context`` plus the raw events after the latest cut, for the compaction
         worker, which needs them to find a safe cut (still one statement)."""
         await self._ready()
         cid = parse_conversation_id(conversation_id)
-        loaded = await retry_transient(lambda: self._backend.load_tail(cid), safe=True)
+        loaded = await retry_transient(
+            lambda: self._backend.load_tail(cid, with_events=True), safe=True
+        )
         if loaded is None:
             raise NotFoundError(cid)
-        boundary = next(
-            (
-                e
-                for e in loaded.events
-                if isinstance(e, BoundaryEvent) and e.seq == loaded.boundary_seq
-            ),
-            None,
-        )
-        context = compose_context(
+        assert loaded.events is not None
+        return self._compose(cid, loaded, None), loaded.events
+
+    def _compose(self, cid: UUID, loaded: Tail, max_tool_result_tokens: int | None) -> Context:
+        return compose_context(
             cid,
-            boundary=boundary,
-            tail=loaded.events,
+            boundary=loaded.boundary,
+            tail=loaded.messages,
             last_seq=loaded.last_seq,
             estimator=self.estimator,
             max_tool_result_tokens=max_tool_result_tokens,
         )
-        return context, loaded.events
 
     # ---- the compaction worker's queue ----------------------------------------------------
 
@@ -547,16 +548,27 @@ def _stored_batch(
     cid: UUID, batch: PreparedBatch, first_seq: int, created_at: datetime
 ) -> list[MessageEvent]:
     created = utc(created_at)
+    # Built from the batch's messages, validated moments ago: no validation again.
     return [
-        MessageEvent(
-            conversation_id=cid,
-            seq=first_seq + index,
-            created_at=created,
-            token_estimate=tokens,
-            message=message.as_stored(
-                seq=first_seq + index, created_at=created, token_estimate=tokens
-            ),
-            usage=batch.usage if index == 0 else None,
+        construct_valid(
+            MessageEvent,
+            {
+                "conversation_id": cid,
+                "seq": first_seq + index,
+                "created_at": created,
+                "token_estimate": tokens,
+                "kind": "message",
+                "message": construct_valid(
+                    Message,
+                    {
+                        **message.__dict__,
+                        "seq": first_seq + index,
+                        "created_at": created,
+                        "token_estimate": tokens,
+                    },
+                ),
+                "usage": batch.usage if index == 0 else None,
+            },
         )
         for index, (message, tokens) in enumerate(
             zip(batch.messages, batch.token_estimates, strict=True)

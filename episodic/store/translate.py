@@ -162,6 +162,12 @@ def _translate(exc: BaseException, url: str | None) -> BaseException | None:
     return None
 
 
+def translated(exc: Exception, url: str | None = None) -> BaseException:
+    """``exc`` as the episodic error to raise ``from`` it (``exc`` itself when it is not one
+    episodic knows): for the request path, which catches without a context manager."""
+    return _translate(exc, url) or exc
+
+
 @contextmanager
 def translated_errors(url: str | None = None) -> Iterator[None]:
     """Re-raise driver errors as episodic errors, ``from`` the original. ``url`` (masked) is
@@ -175,4 +181,4 @@ def translated_errors(url: str | None = None) -> Iterator[None]:
         raise translated from exc
 
 
-__all__ = ["connection_refused", "translated_errors"]
+__all__ = ["connection_refused", "translated", "translated_errors"]

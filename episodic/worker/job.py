@@ -19,7 +19,7 @@ from episodic.compaction import (
     finalize_compaction,
     prepare_compaction,
 )
-from episodic.context import compose_context
+from episodic.context import compose_context, tail_messages
 from episodic.errors import ConflictError, LeaseLostError
 from episodic.policy import safe_cut
 from episodic.store import EpisodicStore
@@ -104,7 +104,7 @@ async def compact_claimed(
             else compose_context(
                 claim.conversation_id,
                 boundary=context.boundary,
-                tail=[event for event in tail if event.seq <= cut],
+                tail=tail_messages([event for event in tail if event.seq <= cut]),
                 last_seq=cut,
                 estimator=store.estimator,
             )

@@ -46,6 +46,25 @@ async def _history(store: EpisodicStore, turns: int = 5) -> object:
     return conv
 
 
+async def test_loaded_messages_carry_the_exact_instant_they_were_stored(
+    store: EpisodicStore,
+) -> None:
+    """load_context reads timestamps as seconds since the epoch (codec.instant): each message
+    still comes back with the created_at, to the microsecond, that append returned and that
+    read_events reads natively, within a batch (one instant) and across batches."""
+    conv = await store.create_conversation()
+    stored = await store.append(conv, [Message.user("a"), Message.assistant("b")])
+    stored += await store.append(conv, [Message.user("c")])
+    stored += await store.append(conv, [Message.user("d"), Message.assistant("e")])
+    ctx = await store.load_context(conv)
+    events = await store.read_events(conv)
+    expected = [event.created_at for event in stored]
+    assert [m.created_at for m in ctx.messages] == expected
+    assert [event.created_at for event in events] == expected
+    assert all(m.created_at is not None and m.created_at.tzinfo is UTC for m in ctx.messages)
+    assert len(set(expected)) == 3
+
+
 async def test_without_a_boundary_the_context_is_the_whole_history(store: EpisodicStore) -> None:
     conv = await store.create_conversation()
     await store.append(

@@ -3,8 +3,8 @@
 One database is migrated from empty to head; another is built from
 ``episodic/store/sql/schema.sql`` alone. Their catalogs are compared: the definition of every
 ``episodic_*`` function (``pg_get_functiondef``, body included) and its privileges, every
-table's columns, constraints, indexes, triggers, policies, row-level security flags and
-grants. Any difference fails with a diff that names the object.
+table's columns, constraints, indexes, triggers, policies, row-level security flags, storage
+options and grants. Any difference fails with a diff that names the object.
 """
 
 from __future__ import annotations
@@ -59,9 +59,10 @@ CATALOG = {
           FROM pg_policies
          WHERE schemaname = current_schema() AND tablename LIKE $1
     """,
-    "row level security": """
+    "table options": """
         SELECT relname,
-               concat_ws(' ', 'enabled=' || relrowsecurity, 'forced=' || relforcerowsecurity)
+               concat_ws(' ', 'enabled=' || relrowsecurity, 'forced=' || relforcerowsecurity,
+                         'options=' || array_to_string(reloptions, ','))
           FROM pg_class
          WHERE relkind = 'r' AND relnamespace = current_schema()::regnamespace
            AND relname LIKE $1

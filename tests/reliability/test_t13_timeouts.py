@@ -61,6 +61,7 @@ from episodic import (
     Message,
     TransientDatabaseError,
 )
+from episodic.store.pool import Pool
 from tests.reliability.sizes import size
 from tests.support import asyncpg_dsn, snapshot
 
@@ -206,11 +207,11 @@ async def test_t13_append_waiting_on_a_held_row_lock_times_out(
 # ---- (b) idle in transaction -----------------------------------------------------------------
 
 
-def _pool_of(store: EpisodicStore) -> asyncpg.Pool:
-    """The store's own asyncpg pool (a private attribute: the point is to hold one of the
+def _pool_of(store: EpisodicStore) -> Pool:
+    """The store's own connection pool (a private attribute: the point is to hold one of the
     store's sessions, with the server settings the store applies, idle in a transaction)."""
     pool = getattr(getattr(store, "_backend", None), "_pool", None)
-    assert isinstance(pool, asyncpg.Pool), "EpisodicStore._backend._pool is no longer the pool"
+    assert isinstance(pool, Pool), "EpisodicStore._backend._pool is no longer the pool"
     return pool
 
 

@@ -68,7 +68,7 @@ from hypothesis.stateful import (
 
 from episodic import BoundaryRequest, EpisodicStore, Message, ToolCall
 from episodic.compaction import DEFAULT_SUMMARY_PREFIX, NO_SUMMARY_TEXT
-from episodic.context import MISSING_RESULT_TEXT, Context, compose_context
+from episodic.context import MISSING_RESULT_TEXT, Context, compose_context, tail_messages
 from episodic.errors import (
     ConflictError,
     DuplicateToolCallError,
@@ -903,7 +903,7 @@ def make_machine(run: Runner, store: EpisodicStore, stats: Stats) -> type[RuleBa
             composed = compose_context(
                 cid,
                 boundary=boundary,
-                tail=[e for e in events if e.seq > model.covers],
+                tail=tail_messages([e for e in events if e.seq > model.covers]),
                 last_seq=head.last_seq,
                 estimator=store.estimator,
             )

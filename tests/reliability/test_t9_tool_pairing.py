@@ -41,7 +41,7 @@ import pytest
 from hypothesis import given
 
 from episodic import BoundaryRequest, EpisodicStore, Message, ToolCall
-from episodic.context import Context, compose_context
+from episodic.context import Context, compose_context, tail_messages
 from episodic.errors import UnsafeCutError
 from episodic.models import BoundaryEvent, MessageEvent, RunCompletedEvent, StoredEvent
 from episodic.policy import safe_cut, safe_cut_at_or_before
@@ -209,7 +209,7 @@ class PureLog:
         return compose_context(
             CID,
             boundary=self.boundary,
-            tail=[e for e in self.events if e.seq > self.covers],
+            tail=tail_messages([e for e in self.events if e.seq > self.covers]),
             last_seq=len(self.events),
             estimator=ESTIMATOR,
         )
