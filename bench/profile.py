@@ -62,10 +62,11 @@ class Cost:
     per: str = "call"
 
     def row(self) -> str:
-        server = f"{self.server:,.0f}" if self.server is not None else "n/a"
+        digits = 0 if self.per == "call" else 1  # a loaded message costs a few µs
+        server = f"{self.server:,.{digits}f}" if self.server is not None else "n/a"
         return (
-            f"| {self.what} | {self.calls:,} | {self.wall:,.0f} | {self.client:,.0f} | "
-            f"{server} | per {self.per} |"
+            f"| {self.what} | {self.calls:,} | {self.wall:,.{digits}f} | "
+            f"{self.client:,.{digits}f} | {server} | per {self.per} |"
         )
 
 
@@ -120,23 +121,137 @@ async def profiled(call: Callable[[int], Awaitable[object]], calls: int) -> cPro
     return profile
 
 
+def server_total_cpu() -> float | None:
+    """The CPU time so far of every PostgreSQL process on this machine (backends, WAL writer,
+    checkpointer...), in microseconds; None when the server is not on this machine."""
+    total = 0.0
+    found = False
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        name, rest = stat.split(" (", 1)[1].rsplit(")", 1)
+        if name.startswith("postgres"):
+            found = True
+            fields = rest.split()
+            total += (int(fields[11]) + int(fields[12])) * TICK_US
+    return total if found else None
+
+
+@dataclass(frozen=True)
+class Concurrent:
+    """The concurrent-append benchmark's workload, with every CPU it used."""
+
+    what: str
+    appends: int
+    wall: float  # s
+    client: float  # µs per append
+    server: float | None  # µs per append, all server processes
+
+    def row(self) -> str:
+        server = f"{self.server:,.0f}" if self.server is not None else "n/a"
+        both = self.client + self.server if self.server is not None else None
+        bound = f"{(os.cpu_count() or 1) * 1e6 / both:,.0f}" if both else "n/a"
+        return (
+            f"| {self.what} | {self.appends:,} | {self.appends / self.wall:,.0f} | "
+            f"{self.client:,.0f} | {server} | {bound} |"
+        )
+
+
+async def concurrent_costs(url: str, tasks: int, conversations: int, per_task: int) -> str:
+    """``python -m bench``'s concurrent workload (durable commits, as there), raw asyncpg and
+    episodic alternately, with the client's CPU and the whole server's: on a machine whose
+    cores the client and the server share, their sum bounds the throughput."""
+    store = await EpisodicStore.open(
+        url, settings=EpisodicSettings(_env_file=None, pool_min_size=tasks, pool_max_size=tasks)
+    )
+    conns = [await asyncpg.connect(url) for _ in range(tasks)]
+    payloads = [orjson.dumps({"role": "user", "content": text(i)}).decode() for i in range(64)]
+    owned = [
+        [await store.create_conversation(tenant_id="bench") for _ in range(conversations)]
+        for _ in range(tasks)
+    ]
+    seqs = [[0] * conversations for _ in range(tasks)]
+    raw_convs = [[uuid4() for _ in range(conversations)] for _ in range(tasks)]
+
+    async def raw_task(t: int, n: int) -> None:
+        for i in range(n):
+            k = i % conversations
+            seqs[t][k] += 1
+            await conns[t].execute(raw.INSERT, raw_convs[t][k], seqs[t][k], payloads[i % 64])
+
+    async def ours_task(t: int, n: int) -> None:
+        for i in range(n):
+            await store.append(owned[t][i % conversations], [Message.user(text(i))])
+
+    totals = {"raw": [0.0, 0.0, 0.0], "ours": [0.0, 0.0, 0.0]}
+    try:
+        for _name, task in (("raw", raw_task), ("ours", ours_task)):  # warm, untimed
+            await asyncio.gather(*(task(t, 20) for t in range(tasks)))
+        rounds = 4
+        for _ in range(rounds):
+            for name, task in (("raw", raw_task), ("ours", ours_task)):
+                server0, cpu0, wall0 = server_total_cpu(), time.process_time(), time.perf_counter()
+                await asyncio.gather(*(task(t, per_task // rounds) for t in range(tasks)))
+                wall = time.perf_counter() - wall0
+                cpu, server1 = time.process_time() - cpu0, server_total_cpu()
+                total = totals[name]
+                total[0] += wall
+                total[1] += cpu * 1e6
+                total[2] += (server1 - server0) if server0 is not None and server1 else 0.0
+    finally:
+        for conn in conns:
+            await conn.close()
+        await store.close()
+    n = tasks * (per_task // 4 * 4)
+    known = server_total_cpu() is not None
+    rows = [
+        Concurrent(what, n, total[0], total[1] / n, total[2] / n if known else None)
+        for what, total in (
+            ("raw asyncpg: one INSERT per message", totals["raw"]),
+            ("episodic: store.append, one message", totals["ours"]),
+        )
+    ]
+    return (
+        f"{tasks} tasks x {conversations} conversations, {n:,} appends each, durable commits; "
+        "CPU per append; *bound*: the appends per second the machine's "
+        f"{os.cpu_count()} cores allow at that CPU per append (client + server).\n\n"
+        "| workload | appends | appends/s | client CPU µs | server CPU µs (all processes) "
+        "| bound, appends/s |\n|---|---:|---:|---:|---:|---:|\n" + "\n".join(r.row() for r in rows)
+    )
+
+
 async def run(url: str, calls: int) -> str:
     conn = await asyncpg.connect(url)
     try:
         await conn.execute(raw.CREATE)
+    finally:
+        await conn.close()
+    migrator = await EpisodicStore.open(url, settings=EpisodicSettings(_env_file=None))
+    try:
+        await migrator.migrate()
+    finally:
+        await migrator.close()
+    # First with durable commits, as python -m bench measures it; then without, for the rest.
+    concurrent = await concurrent_costs(url, tasks=8, conversations=50, per_task=500)
+    conn = await asyncpg.connect(url)
+    try:
         database = await conn.fetchval("SELECT current_database()")
         await conn.execute(f'ALTER DATABASE "{database}" SET synchronous_commit = off')
     finally:
         await conn.close()
     settings = EpisodicSettings(_env_file=None, pool_min_size=1, pool_max_size=1)
     store = await EpisodicStore.open(url, settings=settings)
-    await store.migrate()
     raw_conn = await asyncpg.connect(url)
     try:
-        return await _report(store, raw_conn, calls)
+        report = await _report(store, raw_conn, calls)
     finally:
         await raw_conn.close()
         await store.close()
+    return f"{report}\n### Concurrent appends: where the CPU goes\n\n{concurrent}\n"
 
 
 async def _report(store: EpisodicStore, raw_conn: asyncpg.Connection, calls: int) -> str:

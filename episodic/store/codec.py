@@ -3,10 +3,8 @@ Rows become models only here, inside the store."""
 
 from __future__ import annotations
 
-import gc
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -30,6 +28,7 @@ from episodic.models import (
     Usage,
     construct_valid,
 )
+from episodic.store.collector import collection_paused
 from episodic.store.projection import COUNTER_FIELDS, HeadCounters, HeadState
 
 
@@ -263,7 +262,7 @@ def decode_tail(
     # A batch's events share their created_at: one datetime for each run of equal instants.
     seconds: float | None = None
     created = _EPOCH
-    with _collections_paused():
+    with collection_paused():
         for row in rows:
             kind = row[1]
             if events is None and kind == "run_completed":
@@ -308,22 +307,6 @@ def instant(seconds: float) -> datetime:
 def epoch_seconds(value: datetime) -> float:
     """``value`` (naive means UTC) as seconds since the epoch: :func:`instant`'s inverse."""
     return utc(value).timestamp()
-
-
-@contextmanager
-def _collections_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a tail is decoded. Each row makes objects that live
-    on (a message, its dict), so a large load triggers collection after collection that scan
-    them and find nothing to free (they hold no cycles; refcounting frees them when they go):
-    measured, a third to a half of the decoding time. The collector runs as usual once the tail
-    is built. Nothing else of this thread runs meanwhile: decoding does not await."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def decode_event_row(conversation_id: UUID, row: Sequence[Any]) -> StoredEvent:
