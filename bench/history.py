@@ -6,6 +6,7 @@ lengths in rounds, so a burst of noise on the shared machine hits every length a
 
 from __future__ import annotations
 
+from typing import Protocol, TypeVar
 from uuid import UUID
 
 from bench import ours
@@ -15,6 +16,7 @@ from episodic import EpisodicStore
 
 LOAD_BUDGET_S = 5.0
 Loaded = tuple[int, Latency]
+K = TypeVar("K")
 
 
 async def grown(store: EpisodicStore, sizes: list[int]) -> dict[int, UUID]:
@@ -27,14 +29,21 @@ async def grown(store: EpisodicStore, sizes: list[int]) -> dict[int, UUID]:
     return convs
 
 
-async def loads(
-    store: EpisodicStore, convs: dict[int, UUID], calls: int, rounds: int
-) -> dict[int, Loaded]:
-    loaders = {size: ours.Loader(store, conv) for size, conv in convs.items()}
+class Timed(Protocol):
+    """A loader run in blocks: ``ours.Loader`` or ``raw.Loader``."""
+
+    async def block(self, n: int, budget_s: float, min_calls: int = 10) -> None: ...
+
+    def result(self) -> Loaded: ...
+
+
+async def loads(loaders: dict[K, Timed], calls: int, rounds: int) -> dict[K, Loaded]:
+    """Each loader ``calls`` times, in ``rounds`` rotations, so that they share the machine's
+    drift (raw asyncpg's references among episodic's loads)."""
     for part in split(calls, rounds):
         for loader in loaders.values():
             await loader.block(part, LOAD_BUDGET_S)
-    return {size: loader.result() for size, loader in loaders.items()}
+    return {key: loader.result() for key, loader in loaders.items()}
 
 
 async def append_windows(

@@ -27,7 +27,8 @@ from uuid import UUID, uuid4
 import asyncpg
 import orjson
 
-from bench import db, ours, raw
+from bench import buildup, db, ours, raw
+from bench.buildup import FLOOR, FLOOR_APPEND
 from bench.provenance import command_line, episodic_source
 from bench.workload import History, text
 from episodic import BoundaryRequest, EpisodicStore, Message
@@ -38,6 +39,7 @@ from episodic.store.codec import decode_tail
 from episodic.store.postgres import LOAD_TAIL
 
 PROFILE = Path(__file__).with_name("PROFILE.md")
+
 TICK_US = 1_000_000 / os.sysconf("SC_CLK_TCK")
 
 
@@ -162,9 +164,10 @@ class Concurrent:
 
 
 async def concurrent_costs(url: str, tasks: int, conversations: int, per_task: int) -> str:
-    """``python -m bench``'s concurrent workload (durable commits, as there), raw asyncpg and
-    episodic alternately, with the client's CPU and the whole server's: on a machine whose
-    cores the client and the server share, their sum bounds the throughput."""
+    """``python -m bench``'s concurrent workload (durable commits, as there), raw asyncpg, the
+    floor (:data:`FLOOR`) and episodic in turn, with the client's CPU and the whole server's:
+    on a machine whose cores the client and the server share, their sum bounds the
+    throughput."""
     store = await EpisodicStore.open(
         url, settings=EpisodicSettings(_env_file=None, pool_min_size=tasks, pool_max_size=tasks)
     )
@@ -183,17 +186,28 @@ async def concurrent_costs(url: str, tasks: int, conversations: int, per_task: i
             seqs[t][k] += 1
             await conns[t].execute(raw.INSERT, raw_convs[t][k], seqs[t][k], payloads[i % 64])
 
+    floor_convs = [[uuid4() for _ in range(conversations)] for _ in range(tasks)]
+    await conns[0].executemany(
+        "INSERT INTO bench_floor_head VALUES ($1, 0, 0)", [(c,) for cs in floor_convs for c in cs]
+    )
+
+    async def floor_task(t: int, n: int) -> None:
+        for i in range(n):
+            conv = floor_convs[t][i % conversations]
+            await conns[t].fetchval(FLOOR_APPEND, conv, payloads[i % 64], 12)
+
     async def ours_task(t: int, n: int) -> None:
         for i in range(n):
             await store.append(owned[t][i % conversations], [Message.user(text(i))])
 
-    totals = {"raw": [0.0, 0.0, 0.0], "ours": [0.0, 0.0, 0.0]}
+    workloads = (("raw", raw_task), ("floor", floor_task), ("ours", ours_task))
+    totals = {name: [0.0, 0.0, 0.0] for name, _ in workloads}
     try:
-        for _name, task in (("raw", raw_task), ("ours", ours_task)):  # warm, untimed
+        for _name, task in workloads:  # warm, untimed
             await asyncio.gather(*(task(t, 20) for t in range(tasks)))
         rounds = 4
         for _ in range(rounds):
-            for name, task in (("raw", raw_task), ("ours", ours_task)):
+            for name, task in workloads:
                 server0, cpu0, wall0 = server_total_cpu(), time.process_time(), time.perf_counter()
                 await asyncio.gather(*(task(t, per_task // rounds) for t in range(tasks)))
                 wall = time.perf_counter() - wall0
@@ -212,6 +226,7 @@ async def concurrent_costs(url: str, tasks: int, conversations: int, per_task: i
         Concurrent(what, n, total[0], total[1] / n, total[2] / n if known else None)
         for what, total in (
             ("raw asyncpg: one INSERT per message", totals["raw"]),
+            ("floor: head UPDATE (gapless seq) + INSERT, one call", totals["floor"]),
             ("episodic: store.append, one message", totals["ours"]),
         )
     ]
@@ -228,6 +243,7 @@ async def run(url: str, calls: int) -> str:
     conn = await asyncpg.connect(url)
     try:
         await conn.execute(raw.CREATE)
+        await conn.execute(FLOOR)
     finally:
         await conn.close()
     migrator = await EpisodicStore.open(url, settings=EpisodicSettings(_env_file=None))
@@ -248,10 +264,16 @@ async def run(url: str, calls: int) -> str:
     raw_conn = await asyncpg.connect(url)
     try:
         report = await _report(store, raw_conn, calls)
+        steps = await buildup.build_up(store, url, server_cpu, calls=max(calls // 2, 500))
     finally:
         await raw_conn.close()
         await store.close()
-    return f"{report}\n### Concurrent appends: where the CPU goes\n\n{concurrent}\n"
+    return (
+        f"{report}\n### append on the server, from the floor up (bench/buildup.py)\n\n"
+        "Each step adds one part of `episodic_append` to the one before; median of 4 "
+        f"interleaved rounds.\n\n{buildup.table(steps)}\n\n"
+        f"### Concurrent appends: where the CPU goes\n\n{concurrent}\n"
+    )
 
 
 async def _report(store: EpisodicStore, raw_conn: asyncpg.Connection, calls: int) -> str:
@@ -268,6 +290,16 @@ async def _report(store: EpisodicStore, raw_conn: asyncpg.Connection, calls: int
             calls,
             raw_pid,
             lambda i: raw_conn.execute(raw.INSERT, raw_conv, i + 1, payloads[i % 64]),
+        )
+    )
+    floor_conv = uuid4()
+    await raw_conn.execute("INSERT INTO bench_floor_head VALUES ($1, 0, 0)", floor_conv)
+    costs.append(
+        await measure(
+            "floor: one function call, head UPDATE (gapless seq) + INSERT",
+            calls,
+            raw_pid,
+            lambda i: raw_conn.fetchval(FLOOR_APPEND, floor_conv, payloads[i % 64], 12),
         )
     )
     conv = await store.create_conversation(tenant_id="bench")

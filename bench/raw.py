@@ -94,22 +94,31 @@ async def concurrent(url: str, tasks: int, conversations: int, per_task: int) ->
             await conn.close()
 
 
-async def load_tail(url: str, conv: UUID, after_seq: int, calls: int) -> tuple[int, Latency]:
-    """Reference for loads: fetch the rows after ``after_seq`` and decode their JSON."""
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.fetch(TAIL, conv, after_seq)
-        samples = []
-        rows = 0
-        for _ in range(calls):
+class Loader:
+    """Reference for loads, run in blocks like ``ours.Loader`` so that the two alternate:
+    fetch the rows after ``after_seq`` and decode their JSON."""
+
+    def __init__(self, conn: asyncpg.Connection, conv: UUID, after_seq: int) -> None:
+        self._conn = conn
+        self._conv = conv
+        self._after = after_seq
+        self.samples: list[float] = []
+        self.loaded = 0
+
+    async def block(self, n: int, budget_s: float, min_calls: int = 10) -> None:
+        if not self.samples:
+            await self._conn.fetch(TAIL, self._conv, self._after)  # warm
+        for _ in range(n):
+            if len(self.samples) >= min_calls and sum(self.samples) >= budget_s:
+                return
             t0 = time.perf_counter()
-            fetched = await conn.fetch(TAIL, conv, after_seq)
+            fetched = await self._conn.fetch(TAIL, self._conv, self._after)
             decoded = [orjson.loads(r["payload"]) for r in fetched]
-            samples.append(time.perf_counter() - t0)
-            rows = len(decoded)
-        return rows, Latency(tuple(samples))
-    finally:
-        await conn.close()
+            self.samples.append(time.perf_counter() - t0)
+            self.loaded = len(decoded)
+
+    def result(self) -> tuple[int, Latency]:
+        return self.loaded, Latency(tuple(self.samples))
 
 
 async def fill(url: str, conv: UUID, payloads: list[str]) -> None:

@@ -7,6 +7,7 @@ import sys
 import time
 from uuid import uuid4
 
+import asyncpg
 import orjson
 
 from bench import db, history, ours, raw
@@ -100,15 +101,33 @@ async def _history(
 
     log(f"episodic: growing conversations of {', '.join(_k(s) for s in all_sizes)} events")
     grown = await history.grown(store, all_sizes)
-    log(f"episodic: load_context without a boundary @{', @'.join(map(_k, plain_sizes))}")
-    plain_convs = {s: grown[s] for s in plain_sizes}
-    plain = await history.loads(store, plain_convs, args.loads, ROUNDS)
-    log(f"episodic: {args.window} single appends to each")
-    windows = await history.append_windows(store, grown, args.window, ROUNDS)
-    log(f"episodic: conversations behind a boundary with a {ours.TAIL}-message tail")
-    bounded_convs = await history.behind_boundaries(store, all_sizes)
-    log("episodic: load_context behind a boundary")
-    bounded = await history.loads(store, bounded_convs, args.loads, ROUNDS)
+    log("raw asyncpg: the load references' rows")
+    conv, biggest = uuid4(), max(plain_sizes)
+    encoded = [orjson.dumps(m.stored_fields()).decode() for m in History("ref").take(biggest)]
+    await raw.fill(url, conv, encoded)
+    ref_conn = await asyncpg.connect(url)
+    try:
+        ref_loaders = {rows: raw.Loader(ref_conn, conv, biggest - rows) for rows in plain_sizes}
+        log(f"episodic: load_context without a boundary @{', @'.join(map(_k, plain_sizes))}")
+        mixed: dict[tuple[str, int], history.Timed] = {
+            ("raw", rows): loader for rows, loader in ref_loaders.items()
+        }
+        mixed |= {("plain", s): ours.Loader(store, grown[s]) for s in plain_sizes}
+        first_pass = await history.loads(mixed, args.loads, ROUNDS)
+        log(f"episodic: {args.window} single appends to each")
+        windows = await history.append_windows(store, grown, args.window, ROUNDS)
+        log(f"episodic: conversations behind a boundary with a {ours.TAIL}-message tail")
+        bounded_convs = await history.behind_boundaries(store, all_sizes)
+        log("episodic: load_context behind a boundary")
+        mixed = {("raw", ours.TAIL): raw.Loader(ref_conn, conv, biggest - ours.TAIL)}
+        mixed |= {("bounded", s): ours.Loader(store, c) for s, c in bounded_convs.items()}
+        second_pass = await history.loads(mixed, args.loads, ROUNDS)
+    finally:
+        await ref_conn.close()
+    plain = {size: first_pass[("plain", size)] for size in plain_sizes}
+    bounded = {size: second_pass[("bounded", size)] for size in all_sizes}
+    fetched_refs = {rows: first_pass[("raw", rows)] for rows in plain_sizes}
+    fetched_refs[ours.TAIL] = second_pass[("raw", ours.TAIL)]
 
     base = windows[all_sizes[0]]
     for size, lat in windows.items():
@@ -121,13 +140,9 @@ async def _history(
                 vs_1k=ratio(lat.median_ms, base.median_ms),
             )
         )
-    log("raw asyncpg: load references")
-    conv, biggest = uuid4(), max(plain_sizes)
-    encoded = [orjson.dumps(m.stored_fields()).decode() for m in History("ref").take(biggest)]
-    await raw.fill(url, conv, encoded)
     refs: dict[int, Latency] = {}
-    for rows in sorted({ours.TAIL, *plain_sizes}):
-        fetched, refs[rows] = await raw.load_tail(url, conv, biggest - rows, args.loads)
+    for rows in sorted(fetched_refs):
+        fetched, refs[rows] = fetched_refs[rows]
         report.add(
             Row(
                 f"raw asyncpg: fetch + decode {rows:,} rows",
@@ -154,6 +169,28 @@ async def _history(
                     note=f"{loaded:,} messages",
                 )
             )
+
+    # The load ratios of issue 14: the median load against the raw fetch + decode of as many
+    # rows, behind a boundary at the longest history and without one at each length.
+    behind = ratio(refs[ours.TAIL].median_ms, bounded[top][1].median_ms)
+    report.summary.append(
+        Summary(
+            f"load_context behind a boundary @{_k(top)}, episodic / raw fetch + decode",
+            behind,
+            ">= 0.5",
+            behind >= 0.5,
+        )
+    )
+    for size in plain_sizes:
+        whole = ratio(refs[size].median_ms, plain[size][1].median_ms)
+        report.summary.append(
+            Summary(
+                f"load_context, no boundary, {size:,} messages, episodic / raw fetch + decode",
+                whole,
+                ">= 0.5",
+                whole >= 0.5,
+            )
+        )
 
     growth = ratio(windows[top].median_ms, base.median_ms)
     load_growth = ratio(bounded[top][1].median_ms, bounded[all_sizes[0]][1].median_ms)

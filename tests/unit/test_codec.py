@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from episodic.models import (
+    BoundaryEvent,
     ImageBlock,
     Message,
     MessageEvent,
@@ -22,6 +23,7 @@ from episodic.models import (
     Usage,
 )
 from episodic.store.codec import (
+    boundary_from_payload,
     decode_event,
     decode_tail,
     epoch_seconds,
@@ -118,6 +120,71 @@ def test_a_stored_payload_decodes_to_what_validation_builds(
         assert got == want
     if isinstance(expected.content, tuple):
         assert [type(b) for b in trusted.content] == [type(b) for b in expected.content]  # type: ignore[union-attr]
+
+
+usages = st.none() | st.builds(
+    Usage,
+    input_tokens=st.integers(0, 10**6),
+    output_tokens=st.integers(0, 10**6),
+)
+ENVELOPE = {"conversation_id", "seq", "created_at", "token_estimate", "kind"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    summary=st.text(min_size=1, max_size=40),
+    retained=st.lists(st.text(min_size=1, max_size=10), max_size=3),
+    pressure=objects,
+    usage=usages,
+    optional=st.fixed_dictionaries(
+        {},
+        optional={
+            "model": st.none() | texts,
+            "prompt_version": st.none() | texts,
+            "tokens_before": st.none() | st.integers(0, 10**6),
+            "tokens_after": st.none() | st.integers(0, 10**6),
+        },
+    ),
+    dropped=st.sets(
+        st.sampled_from(["retained", "retained_token_estimates", "pressure", "usage", "model"])
+    ),
+)
+def test_a_stored_boundary_decodes_to_what_validation_builds(
+    summary: str,
+    retained: list[str],
+    pressure: dict[str, Any],
+    usage: Usage | None,
+    optional: dict[str, Any],
+    dropped: set[str],
+) -> None:
+    """As store/boundaries.py writes it, and as an earlier revision's payload, without the
+    fields added since (``dropped``): the trusted construction equals validation."""
+    conversation = uuid4()
+    event = BoundaryEvent(
+        conversation_id=conversation,
+        seq=7,
+        created_at=NOW,
+        token_estimate=42,
+        summary=summary,
+        covers_through_seq=6,
+        retained=tuple(retained),
+        retained_token_estimates=tuple(range(len(retained))),
+        reason="context_pressure",
+        pressure=pressure,
+        usage=usage,
+        **optional,
+    )
+    body = event.model_dump(mode="json", exclude=ENVELOPE)
+    for name in dropped:
+        body.pop(name, None)
+    payload = orjson.dumps(body).decode()
+    envelope = {"conversation_id": conversation, "seq": 7, "created_at": NOW, "token_estimate": 42}
+    expected = BoundaryEvent.model_validate({**orjson.loads(payload), **envelope})
+    trusted = boundary_from_payload(orjson.loads(payload), conversation, 7, NOW, 42)
+    assert trusted == expected
+    assert trusted.model_dump() == expected.model_dump()
+    assert type(trusted.retained) is tuple
+    assert type(trusted.usage) is type(expected.usage)
 
 
 def test_a_decoded_message_copies_and_updates_like_a_validated_one() -> None:
