@@ -26,6 +26,7 @@ from episodic.errors import (
     UnsafeCutError,
     ValidationError,
 )
+from episodic.formats.openai_chat import messages_from_openai
 from episodic.models import (
     BoundaryEvent,
     Conversation,
@@ -37,7 +38,6 @@ from episodic.models import (
     TextBlock,
     ToolCall,
     Usage,
-    messages_from_openai,
 )
 from episodic.policy import (
     EpisodicCompactionConfig,

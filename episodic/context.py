@@ -16,7 +16,10 @@ from uuid import UUID
 from pydantic import ConfigDict
 
 from episodic.compaction import truncate_to_token_budget
-from episodic.errors import ConfigurationError
+from episodic.formats.anthropic import messages_to_anthropic
+from episodic.formats.cliver import messages_to_cliver
+from episodic.formats.openai_chat import messages_to_openai
+from episodic.formats.responses import messages_to_responses
 from episodic.models import (
     BoundaryEvent,
     EpisodicModel,
@@ -62,40 +65,47 @@ class Context(EpisodicModel):
 
     def to_openai(self, *, include_reasoning: bool = False) -> list[dict[str, Any]]:
         """Chat-completions message dicts (prepend your system message)."""
-        return [m.to_openai(include_reasoning=include_reasoning) for m in self.messages]
+        return messages_to_openai(self.messages, include_reasoning=include_reasoning)
+
+    def to_responses(self) -> list[dict[str, Any]]:
+        """OpenAI Responses-API input items for ``responses.create(input=...)`` (send your
+        system prompt as ``instructions``). Items read with ``Message.from_responses_item``
+        are given back as they came, except that assistant messages and function calls go
+        without the ids of the reasoning output a context does not hold."""
+        return messages_to_responses(self.messages)
+
+    def to_anthropic(self) -> list[dict[str, Any]]:
+        """The Anthropic Messages API's ``messages`` (send your system prompt as ``system``):
+        roles alternate, each tool call's results open the user turn right after it."""
+        return messages_to_anthropic(self.messages)
 
     def to_cliver(self) -> list[CLIverMessage]:
         """``cliver_core.CLIverMessage`` objects for ``AgentCore.chat(conversation=...)``.
         Needs the ``episodic[cliver]`` extra."""
-        try:
-            from cliver_core import CLIverMessage
-            from cliver_core.messages import ToolCall as CLIverToolCall
-        except ImportError as exc:
-            raise ConfigurationError(
-                "Context.to_cliver() needs cliver-core: pip install 'episodic[cliver]'"
-            ) from exc
-        out: list[CLIverMessage] = []
-        for message in self.messages:
-            wire = message.to_openai()
-            calls = [
-                CLIverToolCall(id=c.id, name=c.name, args=dict(c.args)) for c in message.tool_calls
-            ]
-            out.append(
-                CLIverMessage(
-                    id=f"{self.conversation_id}:{message.seq}"
-                    if message.seq is not None
-                    else f"{self.conversation_id}:synthetic:{len(out)}",
-                    role=message.role,
-                    content=wire["content"],
-                    tool_calls=calls or None,
-                    tool_call_id=message.tool_call_id,
-                    # The exact chat-completions form, so an OpenAI-protocol provider sends
-                    # what the model produced (argument text included) byte for byte.
-                    native=wire,
-                    native_protocol="openai",
-                )
-            )
-        return out
+        return messages_to_cliver(self.conversation_id, self.messages)
+
+
+#: A user message's fields at their defaults (metadata is made per message).
+_USER_MESSAGE: dict[str, Any] = {
+    name: field.default
+    for name, field in Message.model_fields.items()
+    if not field.is_required() and field.default_factory is None
+} | {"role": "user"}
+
+
+def _boundary_user(text: str, seq: int | None, created_at: Any, token_estimate: int) -> Message:
+    """A user message of a boundary's text, built without a second validation: the boundary
+    was written only after ``Message.user`` accepted the very same texts (their estimates are
+    made from them), and every load behind a boundary builds these (~15 µs each validated)."""
+    values = {
+        **_USER_MESSAGE,
+        "content": text,
+        "metadata": {},
+        "seq": seq,
+        "created_at": created_at,
+        "token_estimate": token_estimate,
+    }
+    return construct_valid(Message, values)
 
 
 def boundary_messages(boundary: BoundaryEvent) -> list[Message]:
@@ -103,13 +113,14 @@ def boundary_messages(boundary: BoundaryEvent) -> list[Message]:
     retained_tokens = boundary.retained_token_estimates
     if len(retained_tokens) != len(boundary.retained):
         retained_tokens = (0,) * len(boundary.retained)
-    first = Message.user(boundary.summary).as_stored(
-        seq=boundary.seq,
-        created_at=boundary.created_at,
-        token_estimate=boundary.token_estimate - sum(retained_tokens),
+    first = _boundary_user(
+        boundary.summary,
+        boundary.seq,
+        boundary.created_at,
+        boundary.token_estimate - sum(retained_tokens),
     )
     retained = [
-        Message.user(text).model_copy(update={"token_estimate": tokens})
+        _boundary_user(text, None, None, tokens)
         for text, tokens in zip(boundary.retained, retained_tokens, strict=True)
     ]
     return [first, *retained]

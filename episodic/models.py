@@ -1,8 +1,9 @@
 """The things episodic stores and returns: messages, tool calls, usage and log events.
 
 Frozen pydantic v2 models, no I/O. A :class:`Message` is provider-neutral; it converts
-to and from OpenAI chat-completions dicts without losing what the dict carried (keys this model
-has no field for are kept in ``native`` and given back).
+to and from OpenAI chat-completions dicts and Responses-API items without losing what they
+carried (what this model has no field for is kept in ``native`` and given back). The
+conversions live in :mod:`episodic.formats`; the methods here delegate to them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ ROLES: tuple[Role, ...] = ("user", "assistant", "tool", "system")
 
 #: The ``native.protocol`` under which ``from_openai`` keeps keys it has no field for.
 OPENAI_CHAT_PROTOCOL = "openai.chat"
+#: The ``native.protocol`` under which ``from_responses_item`` keeps the whole item.
+OPENAI_RESPONSES_PROTOCOL = "openai.responses"
 #: chat-completions' newer name for the system role: read as ``system``, given back as is.
 DEVELOPER_ROLE = "developer"
 
@@ -422,7 +425,7 @@ class Message(EpisodicModel):
             update={"seq": seq, "created_at": created_at, "token_estimate": token_estimate}
         )
 
-    # ---- OpenAI chat-completions --------------------------------------------------------
+    # ---- provider formats (episodic.formats holds the conversions) ----------------------
 
     def to_openai(self, *, include_reasoning: bool = False) -> dict[str, Any]:
         """This message as an OpenAI chat-completions message dict.
@@ -431,34 +434,10 @@ class Message(EpisodicModel):
         are left out; keys kept from ``from_openai`` are given back. ``include_reasoning``
         sends ``reasoning`` as ``reasoning_content`` (DeepSeek, vLLM); OpenAI refuses it.
         """
-        out: dict[str, Any] = {"role": self.role}
-        if self.role == "tool":
-            out["tool_call_id"] = self.tool_call_id
-        if self.content is None:
-            out["content"] = None
-        elif isinstance(self.content, str):
-            out["content"] = self.content
-        else:
-            out["content"] = [_block_to_openai(block) for block in self.content]
-        if self.tool_calls:
-            out["tool_calls"] = [
-                {
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments_text()},
-                }
-                for call in self.tool_calls
-            ]
-        if self.name is not None and self.role != "tool":
-            out["name"] = self.name
-        if include_reasoning and self.reasoning is not None:
-            out["reasoning_content"] = self.reasoning
-        if self.native is not None and self.native.protocol == OPENAI_CHAT_PROTOCOL:
-            for key, value in self.native.data.items():
-                out.setdefault(key, value)
-            if self.role == "system" and self.native.data.get("role") == DEVELOPER_ROLE:
-                out["role"] = DEVELOPER_ROLE
-        return out
+        # Imported here: the formats import this module, so it cannot import them first.
+        from episodic.formats.openai_chat import message_to_openai
+
+        return message_to_openai(self, include_reasoning=include_reasoning)
 
     @classmethod
     def from_openai(cls, data: Mapping[str, Any], *, tool_name: str | None = None) -> Message:
@@ -468,59 +447,39 @@ class Message(EpisodicModel):
         or use :func:`messages_from_openai`, which finds it from the matching call. Anything
         that is not a valid message raises :class:`~episodic.errors.ValidationError`.
         """
-        if not isinstance(data, Mapping):
-            raise ValidationError(
-                f"a chat-completions message must be a mapping, not {type(data).__name__}"
-            )
-        fields = _fields_from_openai(dict(data), tool_name)  # episodic's own checks
-        try:
-            # One validation, of the blocks, calls and native payload too (given as dicts),
-            # so a refusal names the whole path: ``tool_calls[0].id``.
-            return cls.model_validate(fields)
-        except ValidationError as exc:
-            raise ValidationError(
-                f"not a valid chat-completions message: {exc}",
-                field=exc.field,
-                details=exc.errors(),
-            ) from None
+        from episodic.formats.openai_chat import message_from_openai
 
+        return message_from_openai(data, tool_name=tool_name)
 
-def _fields_from_openai(extra: dict[Any, Any], tool_name: str | None) -> dict[str, Any]:
-    """``Message`` fields from a chat-completions dict; ``extra`` keeps what has no field."""
-    role = extra.pop("role", None)
-    if role == DEVELOPER_ROLE:
-        # The newer name for a system message. Episodic has one role for both; the word is
-        # kept with the other chat-completions keys, and to_openai gives it back.
-        role = "system"
-        extra["role"] = DEVELOPER_ROLE
-    if role not in ROLES:
-        raise ValidationError(
-            f"unknown role {role!r:.80}; expected one of {', '.join(ROLES)}", field="role"
-        )
-    content = extra.pop("content", None)
-    fields: dict[str, Any] = {"role": role}
-    if content is not None:
-        fields["content"] = content if isinstance(content, str) else _blocks_from_openai(content)
-    raw_calls = extra.pop("tool_calls", None)
-    if raw_calls is not None and not isinstance(raw_calls, list | tuple):
-        raise ValidationError("tool_calls must be a list of tool calls", field="tool_calls")
-    if raw_calls:
-        fields["tool_calls"] = tuple(_tool_call_from_openai(call) for call in raw_calls)
-    if role == "tool":
-        fields["tool_call_id"] = extra.pop("tool_call_id", None)
-        # chat-completions tool messages carry no name; one that came in the dict stays
-        # in ``native`` too, so it is given back.
-        fields["name"] = tool_name if tool_name is not None else extra.get("name")
-    elif "name" in extra:
-        fields["name"] = extra.pop("name")
-    reasoning = extra.pop("reasoning_content", None)
-    if isinstance(reasoning, str):
-        fields["reasoning"] = reasoning
-    elif reasoning is not None:
-        extra["reasoning_content"] = reasoning
-    if extra:
-        fields["native"] = {"protocol": OPENAI_CHAT_PROTOCOL, "data": extra}
-    return fields
+    def to_responses(self) -> list[dict[str, Any]]:
+        """This message as OpenAI Responses-API input items: a ``message`` item, then one
+        ``function_call`` item per tool call; a tool result is a ``function_call_output``.
+
+        A message built by :meth:`from_responses_item` gives back its original item, exactly,
+        for as long as its fields still say what that item said. Readable ``reasoning`` is
+        not sent (a reasoning item the API did not issue is refused); ``metadata``,
+        ``client_id`` and ``is_error`` have no place in the format.
+        """
+        from episodic.formats.responses import message_to_responses
+
+        return message_to_responses(self)
+
+    @classmethod
+    def from_responses_item(cls, item: Mapping[str, Any]) -> Message:
+        """Build a message from one OpenAI Responses-API item (input or output).
+
+        ``message`` items keep their role (``developer`` reads as ``system``);
+        ``function_call`` is an assistant message with that one call; ``function_call_output``
+        is its tool result; ``reasoning`` is an assistant message whose ``reasoning`` is the
+        item's summary text. Any other item (web search, computer and MCP calls, references,
+        types yet to come) is kept as an assistant message whose text is the item's type and
+        compact JSON, so a summarizer can read it. The item itself is kept in ``native``, and
+        :meth:`to_responses` gives it back. What is not an item raises
+        :class:`~episodic.errors.ValidationError`.
+        """
+        from episodic.formats.responses import message_from_responses_item
+
+        return message_from_responses_item(item)
 
 
 #: Message fields a payload leaves out at their default. Empty content stays: without it a
@@ -529,88 +488,11 @@ _LEFT_OUT_WHEN_EMPTY = ("tool_calls", "is_error", "metadata")
 
 
 def messages_from_openai(items: Sequence[Mapping[str, Any]]) -> list[Message]:
-    """Convert a chat-completions message list, naming each tool result after its call."""
-    if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
-        raise ValidationError("expected a list of chat-completions messages", field="messages")
-    names: dict[str, str] = {}
-    out: list[Message] = []
-    for item in items:
-        # A non-mapping item, or an id that is not text, is for from_openai to refuse.
-        call_id = item.get("tool_call_id") if isinstance(item, Mapping) else None
-        name = (
-            names.get(call_id) if isinstance(call_id, str) and item.get("role") == "tool" else None
-        )
-        message = Message.from_openai(item, tool_name=name)
-        for call in message.tool_calls:
-            names[call.id] = call.name
-        out.append(message)
-    return out
+    """Convert a chat-completions message list, naming each tool result after its call.
+    (:mod:`episodic.formats.openai_chat` has it; this is the name it has always had here.)"""
+    from episodic.formats.openai_chat import messages_from_openai as convert
 
-
-def _block_to_openai(block: TextBlock | ImageBlock | RawBlock) -> dict[str, Any]:
-    if isinstance(block, TextBlock):
-        return {"type": "text", "text": block.text}
-    if isinstance(block, ImageBlock):
-        image: dict[str, Any] = {"url": block.url}
-        if block.detail is not None:
-            image["detail"] = block.detail
-        # alt is episodic's own (what a summarizer reads); chat-completions has no place for it
-        return {"type": "image_url", "image_url": image}
-    return dict(block.data)
-
-
-def _blocks_from_openai(blocks: Any) -> tuple[dict[str, Any], ...]:
-    """Content block fields, for ``Message`` validation."""
-    if not isinstance(blocks, list):
-        raise ValidationError("content must be a string, a list of blocks or null", field="content")
-    out: list[dict[str, Any]] = []
-    for block in blocks:
-        if not isinstance(block, dict):
-            raise ValidationError("each content block must be an object", field="content")
-        kind = block.get("type")
-        image = block.get("image_url")
-        if kind == "text" and set(block) == {"type", "text"} and isinstance(block["text"], str):
-            out.append({"type": "text", "text": block["text"]})
-        elif (
-            kind == "image_url"
-            and set(block) == {"type", "image_url"}
-            and isinstance(image, dict)
-            and set(image) <= {"url", "detail"}
-            and isinstance(image.get("url"), str)
-        ):
-            out.append({"type": "image", "url": image["url"], "detail": image.get("detail")})
-        else:
-            out.append({"type": "raw", "data": block})
-    return tuple(out)
-
-
-def _tool_call_from_openai(call: Any) -> dict[str, Any]:
-    """``ToolCall`` fields, for ``Message`` validation."""
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict) or not isinstance(call.get("id"), str):
-        raise ValidationError("a tool call needs an id and a function", field="tool_calls")
-    arguments = function.get("arguments", "")
-    args: dict[str, Any] = {}
-    keep_text: str | None = arguments if isinstance(arguments, str) else None
-    if isinstance(arguments, dict):
-        args = arguments  # some compatible servers send an object, not a JSON string
-    elif not isinstance(arguments, str):
-        raise ValidationError("tool call arguments must be a JSON string", field="tool_calls")
-    else:
-        try:
-            parsed = orjson.loads(arguments) if arguments else {}
-        except orjson.JSONDecodeError:
-            parsed = None
-        if isinstance(parsed, dict):
-            args = parsed
-            if orjson.dumps(parsed).decode() == arguments:
-                keep_text = None
-    return {
-        "id": call["id"],
-        "name": function.get("name", ""),
-        "args": args,
-        "arguments_json": keep_text,
-    }
+    return convert(items)
 
 
 # ---- the log ----------------------------------------------------------------------------
@@ -704,6 +586,7 @@ __all__ = [
     "DEVELOPER_ROLE",
     "MAX_TOKEN_COUNT",
     "OPENAI_CHAT_PROTOCOL",
+    "OPENAI_RESPONSES_PROTOCOL",
     "ROLES",
     "BoundaryEvent",
     "Content",

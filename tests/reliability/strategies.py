@@ -166,23 +166,43 @@ def to_anthropic(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def anthropic_violations(messages: Sequence[dict[str, Any]]) -> list[str]:
-    """Anthropic Messages rules for tools: each assistant turn's ``tool_use`` blocks are
-    answered, each exactly once, by ``tool_result`` blocks in the very next turn (a user
-    turn, results first), and every ``tool_result`` answers a ``tool_use`` of the turn right
-    before it."""
+    """Anthropic Messages rules for tools (:func:`anthropic_turn_violations`) over the
+    Messages-API form of a chat-completions history. That form is a sketch (every block's
+    text is not carried over), so the rules on content are not applied."""
+    return anthropic_turn_violations(to_anthropic(messages), content_rules=False)
+
+
+def anthropic_turn_violations(
+    turns: Sequence[dict[str, Any]], *, content_rules: bool = True
+) -> list[str]:
+    """Anthropic Messages rules over a ``messages`` list: only user and assistant turns, and
+    they alternate; each assistant turn's ``tool_use`` blocks are answered, each exactly
+    once, by ``tool_result`` blocks in the very next turn (a user turn, results first), and
+    every ``tool_result`` answers a ``tool_use`` of the turn right before it. With
+    ``content_rules``, also: no turn without content, no blank text block (the API refuses
+    both)."""
     out: list[str] = []
-    turns = to_anthropic(messages)
-    for index, turn in enumerate(turns):
-        blocks = turn["content"]
-        if turn["role"] == "assistant":
+    contents = [_blocks_of(turn) for turn in turns]
+    for index, (turn, blocks) in enumerate(zip(turns, contents, strict=True)):
+        if turn.get("role") not in ("user", "assistant"):
+            out.append(f"turn {index}: role {turn.get('role')!r} is not user or assistant")
+        elif index and turn["role"] == turns[index - 1].get("role"):
+            out.append(f"turn {index}: two {turn['role']} turns in a row")
+        if content_rules and not blocks:
+            out.append(f"turn {index}: no content")
+        if content_rules and any(
+            b["type"] == "text" and not str(b.get("text")).strip() for b in blocks
+        ):
+            out.append(f"turn {index}: a blank text block")
+        if turn.get("role") == "assistant":
             uses = [b["id"] for b in blocks if b["type"] == "tool_use"]
             if len(set(uses)) != len(uses):
                 out.append(f"turn {index}: duplicate tool_use ids {uses}")
             if not uses:
                 continue
-            following = turns[index + 1]["content"] if index + 1 < len(turns) else []
+            following = contents[index + 1] if index + 1 < len(turns) else []
             answered = [b["tool_use_id"] for b in following if b["type"] == "tool_result"]
-            if index + 1 >= len(turns) or turns[index + 1]["role"] != "user":
+            if index + 1 >= len(turns) or turns[index + 1].get("role") != "user":
                 out.append(f"turn {index}: tool_use {uses} is not answered by the next turn")
             elif sorted(answered) != sorted(uses):
                 out.append(f"turn {index}: tool_use {sorted(uses)} answered by {sorted(answered)}")
@@ -197,16 +217,24 @@ def anthropic_violations(messages: Sequence[dict[str, Any]]) -> list[str]:
             results = [b["tool_use_id"] for b in blocks if b["type"] == "tool_result"]
             if not results:
                 continue
-            before = turns[index - 1] if index > 0 else None
-            uses = (
-                {b["id"] for b in before["content"] if b["type"] == "tool_use"}
-                if before is not None and before["role"] == "assistant"
+            before = contents[index - 1] if index > 0 else []
+            uses_before = (
+                {b["id"] for b in before if b["type"] == "tool_use"}
+                if index > 0 and turns[index - 1].get("role") == "assistant"
                 else set()
             )
             for call_id in results:
-                if call_id not in uses:
+                if call_id not in uses_before:
                     out.append(f"turn {index}: tool_result {call_id!r} without its tool_use")
     return out
+
+
+def _blocks_of(turn: dict[str, Any]) -> list[dict[str, Any]]:
+    """A turn's content as blocks (a string is one text block)."""
+    content = turn.get("content")
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return list(content or [])
 
 
 # ---- an independent safe-cut oracle ---------------------------------------------------
@@ -432,6 +460,7 @@ __all__ = [
     "FakeSummarizer",
     "Op",
     "PrivateDatabase",
+    "anthropic_turn_violations",
     "anthropic_violations",
     "bad_uuids",
     "battery_settings",

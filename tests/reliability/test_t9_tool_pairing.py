@@ -18,7 +18,10 @@ Pass criteria: 0 violations of an OpenAI-style validator (no tool output without
 every call answered before the next non-tool message) and of an Anthropic-style validator
 (each ``tool_use`` answered by ``tool_result`` blocks in the very next turn, every
 ``tool_result`` answering a ``tool_use`` of the turn before) on ``to_openai()`` of every
-context; every stored message after the cut is in the context exactly once (so the
+context; on every context too, ``to_responses()`` and ``to_anthropic()`` are accepted by the
+providers' own SDK types, and ``to_anthropic()`` itself alternates roles, has no blank text
+and answers every ``tool_use`` in the turn right after it, with every call and result there
+exactly once; every stored message after the cut is in the context exactly once (so the
 validators cannot pass by dropping messages); the chosen cut equals an independent oracle (the
 latest safe cut at or before the request; an unsafe request moves earlier) and never passes a
 call pending at that moment; every boundary in the final log was safe when written and no
@@ -37,12 +40,14 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+import pydantic
 import pytest
 from hypothesis import given
 
 from episodic import BoundaryRequest, EpisodicStore, Message, ToolCall
 from episodic.context import Context, compose_context, tail_messages
 from episodic.errors import UnsafeCutError
+from episodic.formats.anthropic import tool_use_id
 from episodic.models import BoundaryEvent, MessageEvent, RunCompletedEvent, StoredEvent
 from episodic.policy import safe_cut, safe_cut_at_or_before
 from episodic.tokens import CharHeuristic
@@ -51,6 +56,7 @@ from tests.reliability.sizes import size
 from tests.reliability.strategies import (
     FakeSummarizer,
     Op,
+    anthropic_turn_violations,
     anthropic_violations,
     battery_settings,
     conversation_scripts,
@@ -60,6 +66,7 @@ from tests.reliability.strategies import (
     seeded_script,
 )
 from tests.support import sent_after_cut
+from tests.support_formats import check_anthropic, check_responses
 
 PURE_CONVERSATIONS = size(2_000, 50_000)  # seeded
 SHRINKING_CONVERSATIONS = size(300, 5_000)  # hypothesis
@@ -106,7 +113,36 @@ def check_context(
     found = Counter(m.seq for m in context.messages[offset:] if m.seq is not None)
     assert found == expected, f"{where}: messages after the cut lost or repeated"
     wire = context.to_openai()
-    return openai_violations(wire), anthropic_violations(wire)
+    return openai_violations(wire), anthropic_violations(wire) + format_violations(context)
+
+
+def format_violations(context: Context) -> list[str]:
+    """The Responses and Anthropic forms of ``context``: both pass the SDKs' types (a refusal
+    fails the test with pydantic's own message), and the Anthropic turns follow the Messages
+    rules with every call and every result of the context in them exactly once."""
+    items = context.to_responses()
+    check_responses(items)
+    turns = context.to_anthropic()
+    check_anthropic(turns)
+    STATS["contexts checked against the SDK types"] += 1
+    out = anthropic_turn_violations(turns)
+    calls = Counter(call.id for m in context.messages for call in m.tool_calls)
+    results = Counter(m.tool_call_id or "" for m in context.messages if m.role == "tool")
+    blocks = [b for turn in turns for b in turn["content"]]
+    if Counter(b["id"] for b in blocks if b["type"] == "tool_use") != _as_tool_use(calls):
+        out.append("to_anthropic lost or repeated a tool_use")
+    answered = Counter(b["tool_use_id"] for b in blocks if b["type"] == "tool_result")
+    if answered != _as_tool_use(results):
+        out.append("to_anthropic lost or repeated a tool_result")
+    if Counter(i["call_id"] for i in items if i["type"] == "function_call") != calls:
+        out.append("to_responses lost or repeated a function_call")
+    if Counter(i["call_id"] for i in items if i["type"] == "function_call_output") != results:
+        out.append("to_responses lost or repeated a function_call_output")
+    return out
+
+
+def _as_tool_use(ids: Counter[str]) -> Counter[str]:
+    return Counter({tool_use_id(call_id): n for call_id, n in ids.items()})
 
 
 def check_final_log(events: Sequence[StoredEvent], where: str) -> None:
@@ -444,3 +480,71 @@ def test_t9_summary() -> None:
     )
     assert STATS["openai violations"] == 0
     assert STATS["anthropic violations"] == 0
+
+
+def _use(call_id: str) -> dict[str, Any]:
+    return {"type": "tool_use", "id": call_id, "name": "run", "input": {}}
+
+
+def _answer(call_id: str) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": call_id, "content": "ok"}
+
+
+_TEXT = {"type": "text", "text": "next"}
+_GOOD_TURNS: list[dict[str, Any]] = [
+    {"role": "user", "content": "go"},
+    {"role": "assistant", "content": [_use("a"), _use("b")]},
+    {"role": "user", "content": [_answer("b"), _answer("a"), _TEXT]},
+]
+_BROKEN_TURNS: dict[str, list[dict[str, Any]]] = {
+    "two user turns in a row": [_GOOD_TURNS[0], *_GOOD_TURNS],
+    "a system turn": [{"role": "system", "content": "be brief"}, *_GOOD_TURNS],
+    "text before the results": [
+        *_GOOD_TURNS[:2],
+        {"role": "user", "content": [_TEXT, _answer("a"), _answer("b")]},
+    ],
+    "a result missing": [*_GOOD_TURNS[:2], {"role": "user", "content": [_answer("a")]}],
+    "a result a turn late": [
+        *_GOOD_TURNS[:2],
+        {"role": "user", "content": [_answer("a")]},
+        {"role": "assistant", "content": "hm"},
+        {"role": "user", "content": [_answer("b")]},
+    ],
+    "ends with an open call": _GOOD_TURNS[:2],
+    "a blank text block": [{"role": "user", "content": [{"type": "text", "text": " \n"}]}],
+    "an empty turn": [*_GOOD_TURNS, {"role": "assistant", "content": []}],
+}
+
+
+def test_the_turn_validator_accepts_valid_turns() -> None:
+    assert anthropic_turn_violations(_GOOD_TURNS) == []
+
+
+@pytest.mark.parametrize("case", sorted(_BROKEN_TURNS))
+def test_the_turn_validator_rejects(case: str) -> None:
+    assert anthropic_turn_violations(_BROKEN_TURNS[case]), case
+
+
+def test_the_sdk_checks_reject_a_broken_context_form() -> None:
+    """format_violations fails on output the SDKs refuse, not only on pairing."""
+    context = compose_context(
+        CID,
+        boundary=None,
+        tail=[
+            Message.user("go").as_stored(seq=1, created_at=T0, token_estimate=1),
+            Message.assistant(None, tool_calls=[ToolCall(id="a", name="run")]).as_stored(
+                seq=2, created_at=T0, token_estimate=1
+            ),
+        ],
+        last_seq=2,
+        estimator=ESTIMATOR,
+    )
+    assert format_violations(context) == []
+    items = context.to_responses()
+    del items[1]["arguments"]
+    with pytest.raises(pydantic.ValidationError):
+        check_responses(items)
+    turns = context.to_anthropic()
+    turns[1]["content"][0]["input"] = "{}"  # the arguments' text, not the object
+    with pytest.raises(pydantic.ValidationError):
+        check_anthropic(turns)

@@ -11,6 +11,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from episodic.context import boundary_messages
 from episodic.models import (
     BoundaryEvent,
     ImageBlock,
@@ -185,6 +186,17 @@ def test_a_stored_boundary_decodes_to_what_validation_builds(
     assert trusted.model_dump() == expected.model_dump()
     assert type(trusted.retained) is tuple
     assert type(trusted.usage) is type(expected.usage)
+    # The handoff and retained messages a load builds of it, as validation builds them.
+    tokens = expected.retained_token_estimates
+    if len(tokens) != len(expected.retained):
+        tokens = (0,) * len(expected.retained)
+    assert boundary_messages(trusted) == [
+        Message.user(summary).as_stored(seq=7, created_at=NOW, token_estimate=42 - sum(tokens)),
+        *(
+            Message.user(text).model_copy(update={"token_estimate": n})
+            for text, n in zip(expected.retained, tokens, strict=True)
+        ),
+    ]
 
 
 def test_a_decoded_message_copies_and_updates_like_a_validated_one() -> None:

@@ -1,4 +1,4 @@
-"""The pure modules import no database driver, migration tool or HTTP client."""
+"""The pure modules import no database driver, migration tool, HTTP client or provider SDK."""
 
 from __future__ import annotations
 
@@ -16,8 +16,12 @@ PURE_MODULES = [
     "episodic.models",
     "episodic.tokens",
     "episodic.rendering",
+    "episodic.formats.openai_chat",
+    "episodic.formats.responses",
+    "episodic.formats.anthropic",
+    "episodic.formats.cliver",
 ]
-FORBIDDEN = {"sqlalchemy", "asyncpg", "aiosqlite", "alembic", "httpx", "openai"}
+FORBIDDEN = {"sqlalchemy", "asyncpg", "aiosqlite", "alembic", "httpx", "openai", "anthropic"}
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "episodic"
 
 # The package's __init__ re-exports the store, which does import SQLAlchemy; registering a
