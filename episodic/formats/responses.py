@@ -162,13 +162,18 @@ def _message_fields(data: dict[str, Any]) -> dict[str, Any]:
     return {"role": role, "content": blocks}
 
 
-def _call_fields(data: dict[str, Any]) -> dict[str, Any]:
+def _call_id(data: dict[str, Any], problem: str) -> str:
+    """The item's ``call_id``: what pairs a call with its output, so it must be there."""
     call_id = data.get("call_id")
     if not isinstance(call_id, str) or not call_id:
-        raise ValidationError(
-            "a function_call item needs its call_id, the id its function_call_output answers",
-            field="call_id",
-        )
+        raise ValidationError(problem, field="call_id")
+    return call_id
+
+
+def _call_fields(data: dict[str, Any]) -> dict[str, Any]:
+    call_id = _call_id(
+        data, "a function_call item needs its call_id, the id its function_call_output answers"
+    )
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise ValidationError("a function_call item needs the function's name", field="name")
@@ -181,12 +186,9 @@ def _call_fields(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _output_fields(data: dict[str, Any]) -> dict[str, Any]:
-    call_id = data.get("call_id")
-    if not isinstance(call_id, str) or not call_id:
-        raise ValidationError(
-            "a function_call_output item needs the call_id of the function_call it answers",
-            field="call_id",
-        )
+    call_id = _call_id(
+        data, "a function_call_output item needs the call_id of the function_call it answers"
+    )
     output = data.get("output")
     if isinstance(output, str):
         content: str | tuple[dict[str, Any], ...] = output
