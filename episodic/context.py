@@ -28,6 +28,7 @@ from episodic.models import (
     StoredEvent,
     ToolCall,
     construct_valid,
+    plain_defaults,
 )
 from episodic.rendering import context_token_estimate
 from episodic.tokens import TokenEstimator
@@ -86,11 +87,7 @@ class Context(EpisodicModel):
 
 
 #: A user message's fields at their defaults (metadata is made per message).
-_USER_MESSAGE: dict[str, Any] = {
-    name: field.default
-    for name, field in Message.model_fields.items()
-    if not field.is_required() and field.default_factory is None
-} | {"role": "user"}
+_USER_MESSAGE = plain_defaults(Message) | {"role": "user"}
 
 
 def _boundary_user(text: str, seq: int | None, created_at: Any, token_estimate: int) -> Message:

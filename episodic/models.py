@@ -178,6 +178,17 @@ M = TypeVar("M", bound=BaseModel)
 _ALL_FIELDS: dict[type[BaseModel], set[str]] = {}
 
 
+def plain_defaults(cls: type[BaseModel]) -> dict[str, Any]:
+    """The fields of ``cls`` that have a default value (not a factory), at that value: where
+    a trusted construction starts from, for the fields a stored payload leaves out. Fields
+    with a factory (``metadata``, ``pressure``) need a new value per instance."""
+    return {
+        name: field.default
+        for name, field in cls.model_fields.items()
+        if not field.is_required() and field.default_factory is None
+    }
+
+
 def construct_valid(cls: type[M], values: dict[str, Any]) -> M:
     """An instance of ``cls`` (a frozen model) from ``values`` already known valid: every
     field, as validation would leave it. What pydantic's ``model_construct`` does, without its
@@ -608,4 +619,5 @@ __all__ = [
     "Usage",
     "construct_valid",
     "messages_from_openai",
+    "plain_defaults",
 ]

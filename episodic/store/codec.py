@@ -27,6 +27,7 @@ from episodic.models import (
     ToolCall,
     Usage,
     construct_valid,
+    plain_defaults,
 )
 from episodic.store.collector import collection_paused
 from episodic.store.projection import COUNTER_FIELDS, HeadCounters, HeadState
@@ -104,16 +105,7 @@ def json_value(value: Any) -> Any:
 EVENT_COLUMNS = ("seq", "kind", "created_at", "token_estimate", "payload", "usage")
 
 #: Message fields a payload leaves out, at their defaults (metadata is made per message).
-_MESSAGE_DEFAULTS: dict[str, Any] = {
-    "content": None,
-    "tool_calls": (),
-    "tool_call_id": None,
-    "name": None,
-    "is_error": False,
-    "reasoning": None,
-    "native": None,
-    "client_id": None,
-}
+_MESSAGE_DEFAULTS = plain_defaults(Message)
 
 
 def _block(data: dict[str, Any]) -> TextBlock | ImageBlock | RawBlock:
@@ -224,16 +216,7 @@ def decode_event(
 
 #: Boundary fields a payload of an earlier revision may lack, at their defaults (pressure is
 #: made per boundary).
-_BOUNDARY_DEFAULTS: dict[str, Any] = {
-    "retained": (),
-    "retained_token_estimates": (),
-    "retention": "recent_user_messages",
-    "usage": None,
-    "model": None,
-    "prompt_version": None,
-    "tokens_before": None,
-    "tokens_after": None,
-}
+_BOUNDARY_DEFAULTS = plain_defaults(BoundaryEvent)
 _BOUNDARY_FIELDS = set(BoundaryEvent.model_fields)
 
 
