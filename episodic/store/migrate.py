@@ -25,6 +25,7 @@ REVISIONS = (
     "0005_protected_heads",
     "0006_named_parameters",
     "0007_lean_append",
+    "0008_coalesced_appends",
 )
 HEAD_REVISION = REVISIONS[-1]
 

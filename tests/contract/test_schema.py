@@ -3,8 +3,9 @@
 One database is migrated from empty to head; another is built from
 ``episodic/store/sql/schema.sql`` alone. Their catalogs are compared: the definition of every
 ``episodic_*`` function (``pg_get_functiondef``, body included) and its privileges, every
-table's columns, constraints, indexes, triggers, policies, row-level security flags, storage
-options and grants. Any difference fails with a diff that names the object.
+composite type's fields, every table's columns, constraints, indexes, triggers, policies,
+row-level security flags, storage options and grants. Any difference fails with a diff that
+names the object.
 """
 
 from __future__ import annotations
@@ -58,6 +59,16 @@ CATALOG = {
                          'check=' || with_check)
           FROM pg_policies
          WHERE schemaname = current_schema() AND tablename LIKE $1
+    """,
+    "type": """
+        SELECT t.typname,
+               string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod), ', '
+                          ORDER BY a.attnum)
+          FROM pg_type t JOIN pg_attribute a ON a.attrelid = t.typrelid
+         WHERE t.typtype = 'c' AND t.typnamespace = current_schema()::regnamespace
+           AND t.typname LIKE $1 AND a.attnum > 0
+           AND (SELECT relkind FROM pg_class WHERE oid = t.typrelid) = 'c'
+         GROUP BY t.typname
     """,
     "table options": """
         SELECT relname,
@@ -141,6 +152,7 @@ async def test_the_migrated_database_is_the_schema_file(
 ) -> None:
     migrated, current = await catalog(postgres_url), await catalog(from_schema_file)
     assert any(name.startswith("function episodic_append(") for name in current)
+    assert current["type episodic_append_request"].startswith("conversation_id uuid, ")
     difference = drift(migrated, current)
     assert not difference, f"the migrations and schema.sql disagree:\n{difference}"
 

@@ -431,6 +431,25 @@ BEGIN
 END
 $fn$;
 
+-- The open tool calls after a batch: the results' calls closed, the calls it left open
+-- added with the seq of the message that made them (p_last_seq: the seq before the batch).
+-- A function, not a subquery of the head's UPDATE: a subquery's plan is set up on every
+-- execution of the statement, even by the appends that carry no tool call (most).
+CREATE FUNCTION episodic_open_calls_after(
+    p_open jsonb,
+    p_closed_ids text[],
+    p_opened_ids text[],
+    p_opened_offsets integer[],
+    p_last_seq bigint
+) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    AS $fn$
+    SELECT (p_open - COALESCE(p_closed_ids, '{}')) || COALESCE(
+        (SELECT jsonb_object_agg(o.id, p_last_seq + o.off + 1)
+           FROM unnest(p_opened_ids, p_opened_offsets) AS o(id, off)),
+        '{}'::jsonb)
+$fn$;
+
 -- The whole append in one statement, so the request path is one round trip. Python has
 -- already validated and encoded the batch (episodic/store/batch.py); this checks what needs
 -- the conversation's state under the head's row lock, in the order the Python twin does
@@ -439,6 +458,13 @@ $fn$;
 -- outcome row, not an exception, and nothing is written before it. p_client_ids,
 -- p_called_ids, p_opened_ids, p_opened_offsets and p_closed_ids are NULL when they would be
 -- empty (or all NULL): no array is built, sent or tested for them then.
+--
+-- Most appends carry no idempotency key, client id, tool call or result: then the only check
+-- is the expected seq, and the head is locked, checked and advanced by its UPDATE alone (one
+-- statement where the others take a locking read first). A one-message batch is inserted
+-- as one row of VALUES, without unnesting arrays. Each statement of a PL/pgSQL function
+-- costs its executor's start-up on every call: these two save a third of the function's
+-- server time (bench/PROFILE.md).
 CREATE FUNCTION episodic_append(
     p_conversation_id uuid,
     p_expected_seq bigint,
@@ -461,7 +487,6 @@ CREATE FUNCTION episodic_append(
     LANGUAGE plpgsql
     AS $fn$
 DECLARE
-    v_tenant text;
     v_last bigint;
     v_open jsonb;
     v_n integer := cardinality(p_payloads);
@@ -471,90 +496,82 @@ DECLARE
     v_bad text;
     v_head episodic_conversations;
 BEGIN
-    -- episodic_lock_head's work, written out: on the hottest path a function call is ~10 us
-    -- of server time (bench/PROFILE.md).
     IF p_scope IS NOT NULL THEN
         PERFORM episodic_set_tenant(p_scope);
     END IF;
-    SELECT c.tenant_id, c.last_seq, c.open_tool_calls INTO v_tenant, v_last, v_open
-      FROM episodic_conversations c
-     WHERE c.conversation_id = p_conversation_id
-       AND (p_scope IS NULL OR c.tenant_id = p_scope)
-       FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'not_found'::text, NULL::bigint, NULL::timestamptz, NULL::text;
-        RETURN;
-    END IF;
+    -- What needs the head before the write: read it under its row lock.
+    IF p_idempotency_key IS NOT NULL OR p_client_ids IS NOT NULL OR p_called_ids IS NOT NULL
+       OR p_closed_ids IS NOT NULL THEN
+        SELECT c.last_seq, c.open_tool_calls INTO v_last, v_open
+          FROM episodic_conversations c
+         WHERE c.conversation_id = p_conversation_id
+           AND (p_scope IS NULL OR c.tenant_id = p_scope)
+           FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN QUERY SELECT 'not_found'::text, NULL::bigint, NULL::timestamptz, NULL::text;
+            RETURN;
+        END IF;
 
-    IF p_idempotency_key IS NOT NULL THEN
-        SELECT e.seq, e.created_at, e.request_hash INTO v_prior_seq, v_prior_at, v_prior_hash
-          FROM episodic_events e
-         WHERE e.conversation_id = p_conversation_id AND e.idempotency_key = p_idempotency_key;
-        IF FOUND THEN
+        IF p_idempotency_key IS NOT NULL THEN
+            SELECT e.seq, e.created_at, e.request_hash
+              INTO v_prior_seq, v_prior_at, v_prior_hash
+              FROM episodic_events e
+             WHERE e.conversation_id = p_conversation_id
+               AND e.idempotency_key = p_idempotency_key;
+            IF FOUND THEN
+                RETURN QUERY SELECT
+                    CASE WHEN v_prior_hash = p_request_hash THEN 'replayed'
+                         ELSE 'idempotency_mismatch' END,
+                    v_prior_seq, v_prior_at, NULL::text;
+                RETURN;
+            END IF;
+        END IF;
+
+        IF p_expected_seq IS NOT NULL AND v_last <> p_expected_seq THEN
+            RETURN QUERY SELECT 'conflict'::text, v_last, NULL::timestamptz, NULL::text;
+            RETURN;
+        END IF;
+
+        IF p_client_ids IS NOT NULL THEN
+            SELECT e.client_id INTO v_bad
+              FROM episodic_events e
+             WHERE e.conversation_id = p_conversation_id AND e.client_id = ANY (p_client_ids)
+             LIMIT 1;
+            IF FOUND THEN
+                RETURN QUERY SELECT 'client_id_reused'::text, NULL::bigint, NULL::timestamptz,
+                                    v_bad;
+                RETURN;
+            END IF;
+        END IF;
+
+        IF p_called_ids IS NOT NULL THEN
+            SELECT x INTO v_bad FROM unnest(p_called_ids) AS x WHERE v_open ? x LIMIT 1;
+        END IF;
+        IF p_called_ids IS NOT NULL AND FOUND THEN
+            RETURN QUERY SELECT 'duplicate_tool_call'::text, NULL::bigint, NULL::timestamptz,
+                                v_bad;
+            RETURN;
+        END IF;
+
+        IF p_closed_ids IS NOT NULL THEN
+            SELECT x INTO v_bad FROM unnest(p_closed_ids) AS x WHERE NOT (v_open ? x) LIMIT 1;
+        END IF;
+        IF p_closed_ids IS NOT NULL AND FOUND THEN
+            -- Only on this error path is the log searched, to say why the result is refused.
             RETURN QUERY SELECT
-                CASE WHEN v_prior_hash = p_request_hash THEN 'replayed'
-                     ELSE 'idempotency_mismatch' END,
-                v_prior_seq, v_prior_at, NULL::text;
+                CASE WHEN EXISTS (
+                    SELECT 1 FROM episodic_events e
+                     WHERE e.conversation_id = p_conversation_id
+                       AND e.kind = 'run_completed'
+                       AND ((e.payload::jsonb -> 'abandoned_tool_call_ids') ? v_bad)
+                ) THEN 'orphan_abandoned' ELSE 'orphan' END,
+                NULL::bigint, NULL::timestamptz, v_bad;
             RETURN;
         END IF;
     END IF;
-
-    IF p_expected_seq IS NOT NULL AND v_last <> p_expected_seq THEN
-        RETURN QUERY SELECT 'conflict'::text, v_last, NULL::timestamptz, NULL::text;
-        RETURN;
-    END IF;
-
-    -- The id arrays are NULL when empty (most batches): no array to build or test then.
-    IF p_client_ids IS NOT NULL THEN
-        SELECT e.client_id INTO v_bad
-          FROM episodic_events e
-         WHERE e.conversation_id = p_conversation_id AND e.client_id = ANY (p_client_ids)
-         LIMIT 1;
-        IF FOUND THEN
-            RETURN QUERY SELECT 'client_id_reused'::text, NULL::bigint, NULL::timestamptz, v_bad;
-            RETURN;
-        END IF;
-    END IF;
-
-    IF p_called_ids IS NOT NULL THEN
-        SELECT x INTO v_bad FROM unnest(p_called_ids) AS x WHERE v_open ? x LIMIT 1;
-    END IF;
-    IF p_called_ids IS NOT NULL AND FOUND THEN
-        RETURN QUERY SELECT 'duplicate_tool_call'::text, NULL::bigint, NULL::timestamptz, v_bad;
-        RETURN;
-    END IF;
-
-    IF p_closed_ids IS NOT NULL THEN
-        SELECT x INTO v_bad FROM unnest(p_closed_ids) AS x WHERE NOT (v_open ? x) LIMIT 1;
-    END IF;
-    IF p_closed_ids IS NOT NULL AND FOUND THEN
-        -- Only on this error path is the log searched, to say why the result is refused.
-        RETURN QUERY SELECT
-            CASE WHEN EXISTS (
-                SELECT 1 FROM episodic_events e
-                 WHERE e.conversation_id = p_conversation_id
-                   AND e.kind = 'run_completed'
-                   AND ((e.payload::jsonb -> 'abandoned_tool_call_ids') ? v_bad)
-            ) THEN 'orphan_abandoned' ELSE 'orphan' END,
-            NULL::bigint, NULL::timestamptz, v_bad;
-        RETURN;
-    END IF;
-
-    INSERT INTO episodic_events (
-        conversation_id, seq, tenant_id, kind, created_at, token_estimate, payload, client_id,
-        usage, idempotency_key, request_hash, batch_size
-    )
-    SELECT p_conversation_id, v_last + t.i, v_tenant, 'message', now(), t.tokens, t.payload,
-           t.client_id,
-           CASE WHEN t.i = 1 THEN p_usage END,
-           CASE WHEN t.i = 1 THEN p_idempotency_key END,
-           CASE WHEN t.i = 1 THEN p_request_hash END,
-           CASE WHEN t.i = 1 THEN v_n END
-      FROM unnest(p_payloads, p_token_estimates, p_client_ids)
-           WITH ORDINALITY AS t(payload, tokens, client_id, i);
 
     UPDATE episodic_conversations c SET
-        last_seq = v_last + v_n,
+        last_seq = c.last_seq + v_n,
         total_user_messages = c.total_user_messages + p_user_messages,
         user_messages_since_boundary = c.user_messages_since_boundary + p_user_messages,
         user_messages_since_run_completed =
@@ -565,14 +582,51 @@ BEGIN
                                   THEN c.tokens_since_usage + p_token_sum
                                   ELSE p_token_sum END,
         open_tool_calls = CASE
-            WHEN p_closed_ids IS NULL AND p_opened_ids IS NULL THEN v_open
-            ELSE (v_open - COALESCE(p_closed_ids, '{}')) || COALESCE(
-                (SELECT jsonb_object_agg(o.id, v_last + o.off + 1)
-                   FROM unnest(p_opened_ids, p_opened_offsets) AS o(id, off)),
-                '{}'::jsonb)
+            WHEN p_closed_ids IS NULL AND p_opened_ids IS NULL THEN c.open_tool_calls
+            ELSE episodic_open_calls_after(c.open_tool_calls, p_closed_ids, p_opened_ids,
+                                           p_opened_offsets, c.last_seq)
             END
      WHERE c.conversation_id = p_conversation_id
+       AND (p_scope IS NULL OR c.tenant_id = p_scope)
+       AND (p_expected_seq IS NULL OR c.last_seq = p_expected_seq)
     RETURNING c.* INTO v_head;
+    IF NOT FOUND THEN
+        -- Only without the locking read above: the head is not there, or not at p_expected_seq.
+        SELECT c.last_seq INTO v_last FROM episodic_conversations c
+         WHERE c.conversation_id = p_conversation_id
+           AND (p_scope IS NULL OR c.tenant_id = p_scope);
+        IF NOT FOUND THEN
+            RETURN QUERY SELECT 'not_found'::text, NULL::bigint, NULL::timestamptz, NULL::text;
+        ELSE
+            RETURN QUERY SELECT 'conflict'::text, v_last, NULL::timestamptz, NULL::text;
+        END IF;
+        RETURN;
+    END IF;
+    v_last := v_head.last_seq - v_n;
+
+    IF v_n = 1 THEN
+        INSERT INTO episodic_events (
+            conversation_id, seq, tenant_id, kind, created_at, token_estimate, payload,
+            client_id, usage, idempotency_key, request_hash, batch_size
+        ) VALUES (
+            p_conversation_id, v_last + 1, v_head.tenant_id, 'message', now(),
+            p_token_estimates[1], p_payloads[1], p_client_ids[1], p_usage, p_idempotency_key,
+            p_request_hash, 1
+        );
+    ELSE
+        INSERT INTO episodic_events (
+            conversation_id, seq, tenant_id, kind, created_at, token_estimate, payload,
+            client_id, usage, idempotency_key, request_hash, batch_size
+        )
+        SELECT p_conversation_id, v_last + t.i, v_head.tenant_id, 'message', now(), t.tokens,
+               t.payload, t.client_id,
+               CASE WHEN t.i = 1 THEN p_usage END,
+               CASE WHEN t.i = 1 THEN p_idempotency_key END,
+               CASE WHEN t.i = 1 THEN p_request_hash END,
+               CASE WHEN t.i = 1 THEN v_n END
+          FROM unnest(p_payloads, p_token_estimates, p_client_ids)
+               WITH ORDINALITY AS t(payload, tokens, client_id, i);
+    END IF;
 
     -- episodic_mark_due's own tests first, written out: most appends leave the head not
     -- due, and then no further function is called.
@@ -581,6 +635,70 @@ BEGIN
         PERFORM episodic_mark_due(v_head, p_trigger);
     END IF;
     RETURN QUERY SELECT 'appended'::text, v_last + 1, now(), NULL::text;
+END
+$fn$;
+
+-- One append of a coalesced call: episodic_append's arguments, less the trigger and the
+-- scope, which a call shares.
+CREATE TYPE episodic_append_request AS (
+    conversation_id uuid,
+    expected_seq bigint,
+    idempotency_key text,
+    request_hash text,
+    payloads text[],
+    token_estimates integer[],
+    client_ids text[],
+    usage text,
+    usage_input_tokens bigint,
+    user_messages integer,
+    token_sum bigint,
+    called_ids text[],
+    opened_ids text[],
+    opened_offsets integer[],
+    closed_ids text[]
+);
+
+-- Appends that a process had in flight at once, in one call and one transaction (see
+-- episodic/store/coalesce.py): each is episodic_append's, with its own outcome row
+-- (o_index: its place in p_requests, from 1), so a refusal refuses that append alone. The
+-- heads are locked in conversation id order, whatever order the requests came in, so two such
+-- calls cannot deadlock on each other; appends to one conversation keep their order. An
+-- error (not a refusal) rolls the whole call back, and the client sends each append alone.
+CREATE FUNCTION episodic_append_many(
+    p_requests episodic_append_request[],
+    p_trigger jsonb,
+    p_scope text DEFAULT NULL::text
+) RETURNS TABLE(o_index integer, o_outcome text, o_seq bigint,
+                o_created_at timestamp with time zone, o_detail text)
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_request record;
+BEGIN
+    FOR v_request IN
+        SELECT r.* FROM unnest(p_requests) WITH ORDINALITY AS r
+         ORDER BY r.conversation_id, r.ordinality
+    LOOP
+        RETURN QUERY SELECT v_request.ordinality::integer, a.* FROM episodic_append(
+            p_conversation_id => v_request.conversation_id,
+            p_expected_seq => v_request.expected_seq,
+            p_idempotency_key => v_request.idempotency_key,
+            p_request_hash => v_request.request_hash,
+            p_payloads => v_request.payloads,
+            p_token_estimates => v_request.token_estimates,
+            p_client_ids => v_request.client_ids,
+            p_usage => v_request.usage,
+            p_usage_input_tokens => v_request.usage_input_tokens,
+            p_user_messages => v_request.user_messages,
+            p_token_sum => v_request.token_sum,
+            p_called_ids => v_request.called_ids,
+            p_opened_ids => v_request.opened_ids,
+            p_opened_offsets => v_request.opened_offsets,
+            p_closed_ids => v_request.closed_ids,
+            p_trigger => p_trigger,
+            p_scope => p_scope
+        ) AS a;
+    END LOOP;
 END
 $fn$;
 
@@ -654,7 +772,9 @@ DECLARE
     v_boundary bigint;
     v_covers bigint;
 BEGIN
-    PERFORM episodic_set_tenant(p_scope);
+    IF p_scope IS NOT NULL THEN
+        PERFORM episodic_set_tenant(p_scope);
+    END IF;
     SELECT c.last_seq, c.boundary_seq, c.covers_through_seq INTO v_last, v_boundary, v_covers
       FROM episodic_conversations c
      WHERE c.conversation_id = p_conversation_id
