@@ -47,6 +47,12 @@ class EpisodicSettings(BaseSettings):
     )
     pool_min_size: int = Field(default=1, ge=0, description="PostgreSQL pool: idle connections.")
     pool_max_size: int = Field(default=10, gt=0, description="PostgreSQL pool: most connections.")
+    append_calls: int = Field(
+        default=2,
+        ge=0,
+        description="PostgreSQL: append calls in flight at once; appends beyond them wait and "
+        "go together in one call, transaction and commit (0: every append its own call).",
+    )
     connect_timeout_seconds: float = Field(
         default=10.0,
         gt=0,

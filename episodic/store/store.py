@@ -139,6 +139,7 @@ class EpisodicStore:
                     ),
                 },
                 connect_timeout=settings.connect_timeout_seconds,
+                append_calls=settings.append_calls,
             )
         else:
             backend = await SqliteBackend.connect(parsed)
