@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from contextlib import nullcontext
 from uuid import uuid4
 
 import asyncpg
 import orjson
 
-from bench import db, history, ours, raw
+from bench import db, history, ours, placement, raw
 from bench.report import Report, Row, Summary
 from bench.stats import Latency, Throughput, ratio, split
 from bench.workload import History
@@ -59,20 +60,30 @@ async def _appends(
     """Raw asyncpg and episodic alternate in blocks so both see the same (noisy) machine."""
     n = args.appends
     log(f"raw asyncpg and episodic: {n:,} sequential appends each, in {ROUNDS} alternating blocks")
-    raw_seq = await raw.Sequential.open(url)
-    ep_seq = await ours.Sequential.open(store)
-    try:
-        for part in split(n, ROUNDS):
-            await raw_seq.block(part)
-            await ep_seq.block(part)
-    finally:
-        await raw_seq.close()
-    (raw_tp, raw_lat), (ep_tp, ep_lat) = raw_seq.result(), ep_seq.result()
-    report.raw_rate = raw_tp.per_second
+    unpinned = await _sequential(url, store, n)
+    assert unpinned is not None
+    cores = placement.cores()
+    pinned = None
+    if cores is not None:
+        log("the same, this process on one core and the database's backends on another")
+        pinned = await _sequential(url, store, n, cores)
     what = f"{n:,} sequential 1-message appends"
-    report.add(Row(f"raw asyncpg: {what}", raw_tp.per_second, raw_lat, vs_raw=1.0))
-    seq = ratio(ep_tp.per_second, raw_tp.per_second)
-    report.add(Row(f"episodic: {what}", ep_tp.per_second, ep_lat, vs_raw=seq))
+    for (raw_tp, raw_lat), (ep_tp, ep_lat), where in (
+        (*unpinned, "placed by the scheduler"),
+        *([(*pinned, "client and server on separate cores")] if pinned else []),
+    ):
+        seq = ratio(ep_tp.per_second, raw_tp.per_second)
+        report.add(Row(f"raw asyncpg: {what}, {where}", raw_tp.per_second, raw_lat, vs_raw=1.0))
+        report.add(Row(f"episodic: {what}, {where}", ep_tp.per_second, ep_lat, vs_raw=seq))
+    # The single-connection latency ratios below compare with the scheduler's placement too.
+    report.raw_rate = unpinned[0][0].per_second
+    if pinned is None:
+        seq = ratio(unpinned[1][0].per_second, unpinned[0][0].per_second)
+        target = "single-conversation append, episodic / raw asyncpg (not pinned: see note)"
+    else:
+        seq = ratio(pinned[1][0].per_second, pinned[0][0].per_second)
+        target = "single-conversation append, episodic / raw asyncpg (separate cores)"
+    report.summary.append(Summary(target, seq, ">= 0.6", seq >= 0.6))
 
     per_task = args.concurrent_per_task
     what = f"{TASKS} tasks x {CONVERSATIONS} conversations, {TASKS * per_task:,} appends"
@@ -86,10 +97,36 @@ async def _appends(
     report.add(Row(f"raw asyncpg: {what}", raw_c.per_second, vs_raw=1.0))
     conc = ratio(ep_c.per_second, raw_c.per_second)
     report.add(Row(f"episodic: {what}", ep_c.per_second, vs_raw=conc))
-    report.summary += [
-        Summary("single-conversation append, episodic / raw asyncpg", seq, ">= 0.6", seq >= 0.6),
-        Summary("concurrent appends, episodic / raw asyncpg", conc, ">= 0.5", conc >= 0.5),
-    ]
+    report.summary.append(
+        Summary("concurrent appends, episodic / raw asyncpg", conc, ">= 0.5", conc >= 0.5)
+    )
+
+
+Sequential = tuple[tuple[Throughput, Latency], tuple[Throughput, Latency]]
+
+
+async def _sequential(
+    url: str, store: EpisodicStore, n: int, cores: tuple[set[int], set[int]] | None = None
+) -> Sequential | None:
+    """Raw asyncpg's and episodic's sequential appends, in alternating blocks, each to a new
+    conversation; with ``cores``, this process on the first and the database's backends on
+    the second (bench/placement.py), or None where they cannot be pinned."""
+    raw_seq = await raw.Sequential.open(url)
+    ep_seq = await ours.Sequential.open(store)
+    pids = await placement.pin_backends(url, cores[1]) if cores is not None else None
+    if cores is not None and pids is None:
+        await raw_seq.close()
+        return None
+    try:
+        with placement.client_on(cores[0]) if cores is not None else nullcontext():
+            for part in split(n, ROUNDS):
+                await raw_seq.block(part)
+                await ep_seq.block(part)
+    finally:
+        await raw_seq.close()
+        if pids is not None:
+            placement.unpin_backends(pids)
+    return raw_seq.result(), ep_seq.result()
 
 
 async def _history(
