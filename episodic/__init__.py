@@ -29,10 +29,12 @@ from episodic.errors import (
 from episodic.formats.openai_chat import messages_from_openai
 from episodic.models import (
     BoundaryEvent,
+    ClearEvent,
     Conversation,
     ImageBlock,
     Message,
     MessageEvent,
+    RetractionEvent,
     RunCompletedEvent,
     StoredEvent,
     TextBlock,
@@ -57,6 +59,7 @@ __all__ = [
     "BoundaryEvent",
     "BoundaryRequest",
     "CharHeuristic",
+    "ClearEvent",
     "ConfigurationError",
     "ConflictError",
     "Context",
@@ -79,6 +82,7 @@ __all__ = [
     "MessageTooLargeError",
     "NotFoundError",
     "OrphanToolResultError",
+    "RetractionEvent",
     "RunCompletedEvent",
     "SchemaNotMigratedError",
     "StoredEvent",

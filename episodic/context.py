@@ -32,6 +32,7 @@ from episodic.models import (
 )
 from episodic.rendering import context_token_estimate
 from episodic.tokens import TokenEstimator
+from episodic.view import in_view
 
 if TYPE_CHECKING:
     from cliver_core import CLIverMessage
@@ -160,8 +161,8 @@ def compose_context(
 
 
 def tail_messages(events: Sequence[StoredEvent]) -> list[Message]:
-    """The messages among ``events``, in order."""
-    return [event.message for event in events if isinstance(event, MessageEvent)]
+    """The messages in view among ``events``, in order."""
+    return [event.message for event in in_view(events) if isinstance(event, MessageEvent)]
 
 
 def _paired(tail: Sequence[Message]) -> list[Message]:

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import re
 
-from episodic.models import BoundaryEvent, Message, MessageEvent, RunCompletedEvent, StoredEvent
+from episodic.models import (
+    BoundaryEvent,
+    Message,
+    MessageEvent,
+    RetractionEvent,
+    RunCompletedEvent,
+    StoredEvent,
+)
 
 ELLIPSIS = "…"
 #: C0 controls but tab and newline, DEL and C1, and the Unicode format characters that
@@ -70,7 +77,9 @@ def describe_event(event: StoredEvent) -> str:
         return f"run completed; abandoned calls: {abandoned}"
     if isinstance(event, BoundaryEvent):
         return f"boundary through seq {event.covers_through_seq} ({event.reason}): {event.summary}"
-    return ""
+    if isinstance(event, RetractionEvent):
+        return f"retracted seq {event.retracted_seq}"
+    return "cleared: the context starts after this event"
 
 
 def describe_message(message: Message) -> str:

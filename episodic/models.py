@@ -508,7 +508,7 @@ def messages_from_openai(items: Sequence[Mapping[str, Any]]) -> list[Message]:
 
 # ---- the log ----------------------------------------------------------------------------
 
-EventKind: TypeAlias = Literal["message", "boundary", "run_completed"]
+EventKind: TypeAlias = Literal["message", "boundary", "run_completed", "retraction", "clear"]
 RetentionMode: TypeAlias = Literal["recent_user_messages", "recent_turns"]
 
 
@@ -557,8 +557,26 @@ class BoundaryEvent(_EventBase):
     tokens_after: int | None = None
 
 
+class RetractionEvent(_EventBase):
+    """The message at ``retracted_seq`` taken back (the newest one in view, when it was
+    appended): it stays in the log, and leaves the context, the counters and every later
+    boundary's transcript. What an agent framework's "pop the last item" becomes on a log
+    that is never rewritten."""
+
+    kind: Literal["retraction"] = "retraction"
+    retracted_seq: int
+
+
+class ClearEvent(_EventBase):
+    """The view emptied: from here on, the context is only what comes after this event. The
+    log keeps everything before it (erasing it is another operation)."""
+
+    kind: Literal["clear"] = "clear"
+
+
 StoredEvent = Annotated[
-    MessageEvent | RunCompletedEvent | BoundaryEvent, Field(discriminator="kind")
+    MessageEvent | RunCompletedEvent | BoundaryEvent | RetractionEvent | ClearEvent,
+    Field(discriminator="kind"),
 ]
 
 
@@ -600,6 +618,7 @@ __all__ = [
     "OPENAI_RESPONSES_PROTOCOL",
     "ROLES",
     "BoundaryEvent",
+    "ClearEvent",
     "Content",
     "ContentBlock",
     "Conversation",
@@ -611,6 +630,7 @@ __all__ = [
     "NativePayload",
     "RawBlock",
     "RetentionMode",
+    "RetractionEvent",
     "Role",
     "RunCompletedEvent",
     "StoredEvent",

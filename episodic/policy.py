@@ -14,6 +14,7 @@ from typing import Annotated
 from pydantic import ConfigDict, Field
 
 from episodic.models import EpisodicModel, MessageEvent, RunCompletedEvent, StoredEvent
+from episodic.view import in_view
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 _Count = Annotated[int, Field(ge=0)]
@@ -114,14 +115,17 @@ def open_tool_calls(events: Sequence[StoredEvent]) -> tuple[str, ...]:
     """Ids of the calls in ``events`` still waiting for a result, oldest first (a call a run
     completion closed as abandoned is not waiting)."""
     waiting: dict[str, int] = {}
-    for event in events:
+    for event in in_view(events):
         _apply(event, waiting, frozenset())
     return tuple(waiting)
 
 
 def _safe_seqs(events: Sequence[StoredEvent]) -> Iterator[int]:
-    # Abandonment is recorded at the run completion, later in the log; a call it closes never
-    # gets a result, so it must not hold back any cut, including the ones before the closing.
+    # Only what is in view counts: a retracted call waits for nothing, and a cut falls on an
+    # event in view. Abandonment is recorded at the run completion, later in the log; a call
+    # it closes never gets a result, so it must not hold back any cut, including the ones
+    # before the closing.
+    events = in_view(events)
     abandoned = _abandoned_calls(events)
     waiting: dict[str, int] = {}
     for event in events:

@@ -9,7 +9,13 @@ from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
 
-from episodic.models import Conversation, StoredEvent
+from episodic.models import (
+    ClearEvent,
+    Conversation,
+    MessageEvent,
+    RetractionEvent,
+    StoredEvent,
+)
 from episodic.policy import EpisodicCompactionConfig
 from episodic.store.attempts import (
     AttemptEnd,
@@ -22,11 +28,32 @@ from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite
 from episodic.store.codec import Tail
 from episodic.store.migrate import SchemaMigration
-from episodic.store.projection import HeadState
+from episodic.store.projection import HeadCounters, HeadState
 from episodic.store.rules import Outcome, WriteOutcome
 
 Closer = Callable[[], Awaitable[None]]
 PlanBoundary = Callable[[HeadState, list[StoredEvent], datetime], BoundaryWrite]
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedEvent:
+    """A retraction or a clear, planned in Python from the head and the tail
+    (store/view_changes.py) and written only if the head is still the one it was planned
+    on."""
+
+    event: RetractionEvent | ClearEvent
+    payload: str
+    #: the head's counters once it is stored
+    counters: HeadCounters
+    #: the message a retraction takes back
+    retracted: MessageEvent | None = None
+    #: when the current context began, for a clear (the age rule measures from it)
+    context_since: datetime | None = None
+
+
+#: The plan: from the head, the events after its cut and the database's now, the event to
+#: write, or None when there is nothing to write.
+PlanEvent = Callable[[HeadState, list[StoredEvent], datetime], PlannedEvent | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +114,14 @@ class Backend(Protocol):
         all in one transaction. None when the conversation does not exist."""
         ...
 
+    async def write_event(
+        self, conversation_id: UUID, plan: PlanEvent
+    ) -> tuple[bool, PlannedEvent | None]:
+        """Read the head and the events after its cut, let ``plan`` decide, and write its
+        event and counters if the head has not moved meanwhile (else plan again): (found,
+        what was written). Found is False when the conversation does not exist."""
+        ...
+
     async def claim(self, owner: str, limit: int, lease_seconds: float) -> list[Claim]:
         """Lease up to ``limit`` due conversations (skipping any another worker holds) and
         count the attempt, in one statement."""
@@ -145,5 +180,7 @@ __all__ = [
     "Closer",
     "Outcome",
     "PlanBoundary",
+    "PlanEvent",
+    "PlannedEvent",
     "WriteOutcome",
 ]

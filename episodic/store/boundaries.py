@@ -30,6 +30,7 @@ from episodic.store.codec import encode_json
 from episodic.store.due import pressure_from
 from episodic.store.projection import HeadCounters, HeadState
 from episodic.tokens import TokenEstimator
+from episodic.view import in_view
 
 RETENTION_MODES: tuple[RetentionMode, ...] = ("recent_user_messages", "recent_turns")
 #: The longest reason, model name and prompt version a boundary records.
@@ -222,7 +223,7 @@ def _check_cut(
             "mark_run_completed() to close it as abandoned"
         )
     called: set[str] = set()
-    for event in tail:
+    for event in in_view(tail):
         if not isinstance(event, MessageEvent):
             continue
         message = event.message

@@ -15,12 +15,14 @@ import orjson
 from episodic.errors import ValidationError
 from episodic.models import (
     BoundaryEvent,
+    ClearEvent,
     Conversation,
     ImageBlock,
     Message,
     MessageEvent,
     NativePayload,
     RawBlock,
+    RetractionEvent,
     RunCompletedEvent,
     StoredEvent,
     TextBlock,
@@ -211,6 +213,19 @@ def decode_event(
                 "abandoned_tool_call_ids": tuple(body.get("abandoned_tool_call_ids", ())),
             },
         )
+    envelope = {
+        "conversation_id": conversation_id,
+        "seq": seq,
+        "created_at": created,
+        "token_estimate": token_estimate,
+    }
+    if kind == "retraction":
+        return construct_valid(
+            RetractionEvent,
+            {**envelope, "kind": "retraction", "retracted_seq": body["retracted_seq"]},
+        )
+    if kind == "clear":
+        return construct_valid(ClearEvent, {**envelope, "kind": "clear"})
     return boundary_from_payload(body, conversation_id, seq, created, token_estimate)
 
 
@@ -272,10 +287,14 @@ def decode_tail(
     # A batch's events share their created_at: one datetime for each run of equal instants.
     seconds: float | None = None
     created = _EPOCH
+    retracted: set[int] = set()
     with collection_paused():
         for row in rows:
             kind = row[1]
-            if events is None and kind == "run_completed":
+            if kind == "retraction":
+                # Always after the message it takes back (the newest in view then).
+                retracted.add(orjson.loads(row[4])["retracted_seq"])
+            if events is None and kind in _NOT_IN_CONTEXT:
                 continue
             if row[2] != seconds:
                 seconds = row[2]
@@ -298,7 +317,14 @@ def decode_tail(
                 boundary = event
             if events is not None:
                 events.append(event)
+    if retracted:
+        messages = [message for message in messages if message.seq not in retracted]
     return Tail(last_seq, boundary_seq, boundary, messages, events)
+
+
+#: Kinds a context has no message for: load_context skips their rows (a retraction's target
+#: is noted first). A clear is never in a tail: it is the cut.
+_NOT_IN_CONTEXT = frozenset({"run_completed", "retraction", "clear"})
 
 
 _EPOCH = datetime.fromtimestamp(0, UTC)

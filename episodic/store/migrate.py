@@ -26,6 +26,7 @@ REVISIONS = (
     "0006_named_parameters",
     "0007_lean_append",
     "0008_coalesced_appends",
+    "0009_retractions_and_clears",
 )
 HEAD_REVISION = REVISIONS[-1]
 

@@ -37,7 +37,7 @@ from episodic.store.attempts import (
     CompactionQueueEntry,
     CompactionStatus,
 )
-from episodic.store.backend import BoundaryPlanner, Closer, WriteOutcome
+from episodic.store.backend import BoundaryPlanner, Closer, PlanEvent, PlannedEvent, WriteOutcome
 from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite
 from episodic.store.coalesce import AppendCoalescer, CallRolledBack
@@ -149,8 +149,22 @@ WRITE_BOUNDARY = named_call(
     ),
 )  # fmt: skip
 
-#: Plans of a boundary that a busy conversation may force before the write gives up.
+#: Plans of a boundary (or a retraction, a clear) that a busy conversation may force before
+#: the write gives up.
 BOUNDARY_WRITE_TRIES = 20
+
+# A retraction or a clear (store/view_changes.py) is written the same way: read the head and
+# the events after its cut, plan, write if the head is still at the planned last seq.
+WRITE_EVENT = named_call(
+    "episodic_write_event",
+    (
+        "p_conversation_id", "p_planned_last_seq", "p_seq", "p_kind", "p_created_at",
+        "p_payload", "p_covers_through_seq", "p_total_user_messages",
+        "p_user_messages_since_boundary", "p_run_completed_since_boundary",
+        "p_user_messages_since_run_completed", "p_context_tokens", "p_usage_input_tokens",
+        "p_tokens_since_usage", "p_open_tool_calls", "p_context_since", "p_scope",
+    ),
+)  # fmt: skip
 
 # Claims in one statement: SKIP LOCKED lets any number of workers share the queue without
 # waiting on each other or on appends that hold a head row.
@@ -501,6 +515,55 @@ class PostgresBackend:
             self.tenant,
         )
         return (True, write) if written else (False, None)
+
+    async def write_event(
+        self, conversation_id: UUID, plan: PlanEvent
+    ) -> tuple[bool, PlannedEvent | None]:
+        for _ in range(BOUNDARY_WRITE_TRIES):
+            with translated_errors():
+                async with self._pool.acquire() as connection:
+                    head = await connection.fetchrow(READ_HEAD, conversation_id, self.tenant)
+                    if head is None:
+                        return False, None
+                    rows = await connection.fetch(
+                        READ_TAIL_AFTER, conversation_id, None, self.tenant
+                    )
+                    state = decode_head_state(head)
+                    last = state.counters.last_seq
+                    tail = [
+                        decode_event_row(conversation_id, row) for row in rows if row["seq"] <= last
+                    ]
+                    planned = plan(state, tail, head["database_now"])
+                    if planned is None:
+                        return True, None
+                    event, after = planned.event, planned.counters
+                    written = await connection.fetchval(
+                        WRITE_EVENT,
+                        conversation_id,
+                        last,
+                        event.seq,
+                        event.kind,
+                        event.created_at,
+                        planned.payload,
+                        after.covers_through_seq,
+                        after.total_user_messages,
+                        after.user_messages_since_boundary,
+                        after.run_completed_since_boundary,
+                        after.user_messages_since_run_completed,
+                        after.context_tokens,
+                        after.usage_input_tokens,
+                        after.tokens_since_usage,
+                        dict(after.open_tool_calls),
+                        planned.context_since,
+                        self.tenant,
+                    )
+            if written:
+                return True, planned
+        raise ConflictError(
+            f"conversation {conversation_id} kept changing while a retraction or a clear was "
+            f"written ({BOUNDARY_WRITE_TRIES} tries); nothing was written",
+            conversation_id=conversation_id,
+        )
 
     async def claim(self, owner: str, limit: int, lease_seconds: float) -> list[Claim]:
         with translated_errors():

@@ -15,15 +15,18 @@ from uuid import UUID
 from episodic.context import missing_result
 from episodic.models import (
     BoundaryEvent,
+    ClearEvent,
     Conversation,
     Message,
     MessageEvent,
+    RetractionEvent,
     RunCompletedEvent,
     StoredEvent,
     Usage,
 )
 from episodic.rendering import context_token_estimate
 from episodic.tokens import TokenEstimator
+from episodic.view import in_view
 
 #: Abandoned calls are costed with an id and name of this length; the real ones differ by a
 #: few characters, which is within what an estimate is for.
@@ -95,22 +98,81 @@ class HeadCounters:
             open_tool_calls={},
         )
 
+    def after_retraction(
+        self, target: MessageEvent, tail: Sequence[StoredEvent], *, seq: int
+    ) -> HeadCounters:
+        """The counters once the event at ``seq`` retracts ``target``, the newest message in
+        view (:func:`episodic.view.retraction_target`); ``tail`` is every event after the cut,
+        up to ``seq``. The target's part in each counter is taken back: its tokens, its user
+        message (in the counts since the boundary, and since the latest run completion unless
+        one came after it), its calls (no longer waiting) or, for a tool result, its call
+        (waiting again, unless a run completion came after the result). The provider-reported
+        usage stays: it described the context when it was reported."""
+        message = target.message
+        later_run = any(
+            isinstance(event, RunCompletedEvent) and event.seq > target.seq for event in tail
+        )
+        users = 1 if message.role == "user" else 0
+        open_calls = dict(self.open_tool_calls)
+        for call in message.tool_calls:
+            if open_calls.get(call.id) == target.seq:
+                del open_calls[call.id]
+        if message.tool_call_id is not None and not later_run:
+            call_seq = _seq_of_call(tail, message.tool_call_id, before=target.seq)
+            if call_seq is not None:
+                open_calls[message.tool_call_id] = call_seq
+        since_usage = self.tokens_since_usage
+        if target.seq >= _usage_counted_from(tail, self.covers_through_seq):
+            since_usage -= target.token_estimate
+        return replace(
+            self,
+            last_seq=seq,
+            total_user_messages=self.total_user_messages - users,
+            user_messages_since_boundary=self.user_messages_since_boundary - users,
+            user_messages_since_run_completed=(
+                self.user_messages_since_run_completed - (0 if later_run else users)
+            ),
+            context_tokens=self.context_tokens - target.token_estimate,
+            tokens_since_usage=since_usage,
+            open_tool_calls=open_calls,
+        )
+
+    def after_clear(self, *, seq: int) -> HeadCounters:
+        """The counters once a clear is stored at ``seq``: the view starts after it, so the
+        cut moves there and the context's counters start again from nothing (calls still
+        waiting are gone with the view: a late result for one is an orphan). The latest
+        boundary stays the latest boundary; the total of user messages counts the whole
+        conversation."""
+        return replace(
+            self,
+            last_seq=seq,
+            covers_through_seq=seq,
+            user_messages_since_boundary=0,
+            run_completed_since_boundary=0,
+            user_messages_since_run_completed=0,
+            context_tokens=0,
+            usage_input_tokens=None,
+            tokens_since_usage=0,
+            open_tool_calls={},
+        )
+
     def after_boundary(self, boundary: BoundaryEvent, tail: Sequence[StoredEvent]) -> HeadCounters:
         """The counters once ``boundary`` is stored; ``tail`` is every event after its cut
-        and before it. Pressure restarts from the boundary: the provider-reported usage
-        described the context before it, so it no longer applies."""
+        and before it (what is in view of it counts). Pressure restarts from the boundary:
+        the provider-reported usage described the context before it, so it no longer
+        applies."""
         users = 0
         since_run = 0
         runs = 0
         tokens = boundary.token_estimate
-        for event in tail:
+        for event in in_view(tail):
             if isinstance(event, BoundaryEvent):
                 continue  # superseded: the new handoff already covers it
             tokens += event.token_estimate
             if isinstance(event, RunCompletedEvent):
                 runs += 1
                 since_run = 0
-            elif event.message.role == "user":
+            elif isinstance(event, MessageEvent) and event.message.role == "user":
                 users += 1
                 since_run += 1
         return replace(
@@ -165,8 +227,40 @@ def rebuild_head(events: Iterable[StoredEvent]) -> HeadCounters:
             )
         elif isinstance(event, RunCompletedEvent):
             head = head.after_run_completed(seq=event.seq, token_estimate=event.token_estimate)
+        elif isinstance(event, RetractionEvent):
+            tail = [e for e in seen if e.seq > head.covers_through_seq]
+            (target,) = (e for e in tail if e.seq == event.retracted_seq)
+            assert isinstance(target, MessageEvent)
+            head = head.after_retraction(target, tail, seq=event.seq)
+        elif isinstance(event, ClearEvent):
+            head = head.after_clear(seq=event.seq)
         seen.append(event)
     return head
+
+
+def _seq_of_call(tail: Sequence[StoredEvent], call_id: str, *, before: int) -> int | None:
+    """The seq of the message in view, before ``before``, that made call ``call_id``."""
+    for event in reversed(in_view(tail)):
+        if (
+            isinstance(event, MessageEvent)
+            and event.seq < before
+            and any(call.id == call_id for call in event.message.tool_calls)
+        ):
+            return event.seq
+    return None
+
+
+def _usage_counted_from(tail: Sequence[StoredEvent], covers_through_seq: int) -> int:
+    """The first seq whose tokens ``tokens_since_usage`` counts: the latest of the cut, the
+    event after the latest boundary, and the latest message that carried a usage report
+    (retracted or not: its report stands)."""
+    start = covers_through_seq + 1
+    for event in tail:
+        if isinstance(event, BoundaryEvent):
+            start = max(start, event.seq + 1)
+        elif isinstance(event, MessageEvent) and event.usage is not None:
+            start = max(start, event.seq)
+    return start
 
 
 __all__ = [

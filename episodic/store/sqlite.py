@@ -35,7 +35,7 @@ from episodic.store.attempts import (
     CompactionStatus,
     QueueState,
 )
-from episodic.store.backend import BoundaryPlanner, Closer, WriteOutcome
+from episodic.store.backend import BoundaryPlanner, Closer, PlanEvent, PlannedEvent, WriteOutcome
 from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite
 from episodic.store.codec import (
@@ -345,6 +345,35 @@ class SqliteBackend:
                 done = attempt.with_boundary(event.seq, event.tokens_after)
                 await conn.execute(insert(compaction_attempts).values(**done.row()))
         return write
+
+    async def write_event(
+        self, conversation_id: UUID, plan: PlanEvent
+    ) -> tuple[bool, PlannedEvent | None]:
+        async with self._write_to(conversation_id) as (conn, head):
+            if head is None:
+                return False, None
+            state = decode_head_state(head)
+            tail = await _events_after(
+                conn, conversation_id, state.counters.covers_through_seq, None
+            )
+            planned = plan(state, tail, datetime.now(UTC))
+            if planned is None:
+                return True, None
+            event = planned.event
+            await conn.execute(
+                insert(events).values(
+                    conversation_id=conversation_id,
+                    seq=event.seq,
+                    tenant_id=head["tenant_id"],
+                    kind=event.kind,
+                    created_at=event.created_at,
+                    token_estimate=event.token_estimate,
+                    payload=planned.payload,
+                )
+            )
+            since = {"boundary_at": planned.context_since} if planned.context_since else {}
+            await _save_counters(conn, conversation_id, planned.counters, **since)
+        return True, planned
 
     async def claim(self, owner: str, limit: int, lease_seconds: float) -> list[Claim]:
         now = datetime.now(UTC)

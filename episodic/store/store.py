@@ -23,6 +23,7 @@ from episodic.errors import (
 )
 from episodic.models import (
     BoundaryEvent,
+    ClearEvent,
     Conversation,
     Message,
     MessageEvent,
@@ -40,7 +41,7 @@ from episodic.store.attempts import (
     Claim,
     CompactionStatus,
 )
-from episodic.store.backend import Backend, BoundaryPlanner, Closer, WriteOutcome
+from episodic.store.backend import Backend, BoundaryPlanner, Closer, PlannedEvent, WriteOutcome
 from episodic.store.batch import PreparedBatch, prepare_batch
 from episodic.store.boundaries import BoundaryRequest, BoundaryWrite, plan_boundary
 from episodic.store.checks import (
@@ -64,6 +65,7 @@ from episodic.store.postgres import PostgresBackend
 from episodic.store.projection import HeadState, abandoned_result_tokens, counters_of
 from episodic.store.retry import retry_transient
 from episodic.store.sqlite import SqliteBackend
+from episodic.store.view_changes import plan_clear, plan_retraction
 from episodic.tokens import TokenEstimator, estimator_from_name
 
 DEFAULT_TENANT = "default"
@@ -350,6 +352,45 @@ class EpisodicStore:
             token_estimate=self._abandoned_tokens * len(abandoned),
             abandoned_tool_call_ids=abandoned,
         )
+
+    async def retract_last(self, conversation_id: UUID | str) -> MessageEvent | None:
+        """Take back the newest message in view after the latest cut, whatever its role, and
+        return it; None when there is none. The log keeps it: a
+        :class:`RetractionEvent` is appended, and from then on the message is out of the
+        context, the head's counters (its tokens, its user message, its calls; a retracted
+        tool result's call waits again) and every later boundary's transcript. Concurrent
+        retractions take back one message each. The handoff and retained messages of a
+        boundary are not messages of the log and are never retracted."""
+        await self._ready()
+        cid = parse_conversation_id(conversation_id)
+
+        def plan(head: HeadState, tail: list[StoredEvent], now: datetime) -> PlannedEvent | None:
+            return plan_retraction(cid, head, tail, now)
+
+        found, written = await self._backend.write_event(cid, plan)
+        if not found:
+            raise NotFoundError(cid)
+        return written.retracted if written is not None else None
+
+    async def clear(self, conversation_id: UUID | str) -> ClearEvent | None:
+        """Empty the view: ``load_context`` returns only what is appended after this (no
+        handoff either), and the context's counters start again. The log keeps every event
+        (a :class:`ClearEvent` is appended); erasing is another operation. Calls still
+        waiting for a result are dropped with the view. None when the view is already
+        empty (nothing is written)."""
+        await self._ready()
+        cid = parse_conversation_id(conversation_id)
+
+        def plan(head: HeadState, tail: list[StoredEvent], now: datetime) -> PlannedEvent | None:
+            return plan_clear(cid, head, tail, now)
+
+        found, written = await self._backend.write_event(cid, plan)
+        if not found:
+            raise NotFoundError(cid)
+        if written is None:
+            return None
+        assert isinstance(written.event, ClearEvent)
+        return written.event.model_copy(update={"created_at": utc(written.event.created_at)})
 
     async def read_events(
         self, conversation_id: UUID | str, after_seq: int = 0, limit: int = 1_000

@@ -1,0 +1,130 @@
+"""Retractions and clears: two new kinds of event, and the function that writes them.
+
+A retraction (``RetractionEvent``) takes back the newest message in view and a clear
+(``ClearEvent``) empties the view, without rewriting the log: both are appended like any
+event (episodic/view.py says what is in view, episodic/store/view_changes.py plans them).
+``episodic_write_event`` writes one as planned in Python from the head and the events after
+its cut, only if the head is still where the plan saw it, like ``episodic_write_boundary``.
+
+(Frozen once it ships: the current definitions are episodic/store/sql/schema.sql and
+episodic/store/schema.py.)
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0009_retractions_and_clears"
+down_revision: str | None = "0008_coalesced_appends"
+
+KINDS = "('message', 'boundary', 'run_completed', 'retraction', 'clear')"
+EARLIER_KINDS = "('message', 'boundary', 'run_completed')"
+CONSTRAINT = "ck_episodic_events_kind"
+#: SQLite copies the table to change a constraint, which drops its indexes and triggers:
+#: these are put back as revisions 0001 and 0003 made them.
+PARTIAL_KEYS = (
+    ("idempotency_key", "uq_episodic_events_conversation_id_idempotency_key"),
+    ("client_id", "uq_episodic_events_conversation_id_client_id"),
+)
+
+WRITE_EVENT = """
+CREATE FUNCTION episodic_write_event(
+    p_conversation_id uuid,
+    p_planned_last_seq bigint,
+    p_seq bigint,
+    p_kind text,
+    p_created_at timestamp with time zone,
+    p_payload text,
+    p_covers_through_seq bigint,
+    p_total_user_messages bigint,
+    p_user_messages_since_boundary bigint,
+    p_run_completed_since_boundary bigint,
+    p_user_messages_since_run_completed bigint,
+    p_context_tokens bigint,
+    p_usage_input_tokens bigint,
+    p_tokens_since_usage bigint,
+    p_open_tool_calls jsonb,
+    p_context_since timestamp with time zone,
+    p_scope text DEFAULT NULL::text
+) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_written bigint;
+BEGIN
+    IF p_scope IS NOT NULL THEN
+        PERFORM episodic_set_tenant(p_scope);
+    END IF;
+    WITH head AS (
+        UPDATE episodic_conversations c SET
+            last_seq = p_seq, covers_through_seq = p_covers_through_seq,
+            total_user_messages = p_total_user_messages,
+            user_messages_since_boundary = p_user_messages_since_boundary,
+            run_completed_since_boundary = p_run_completed_since_boundary,
+            user_messages_since_run_completed = p_user_messages_since_run_completed,
+            context_tokens = p_context_tokens,
+            usage_input_tokens = p_usage_input_tokens,
+            tokens_since_usage = p_tokens_since_usage,
+            open_tool_calls = p_open_tool_calls,
+            boundary_at = COALESCE(p_context_since, c.boundary_at)
+         WHERE c.conversation_id = p_conversation_id
+           AND (p_scope IS NULL OR c.tenant_id = p_scope)
+           AND c.last_seq = p_planned_last_seq
+        RETURNING c.tenant_id
+    ), written AS (
+        INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
+                                     token_estimate, payload)
+        SELECT p_conversation_id, p_seq, head.tenant_id, p_kind, p_created_at, 0, p_payload
+          FROM head
+        RETURNING seq
+    )
+    SELECT count(*) INTO v_written FROM written;
+    RETURN v_written;
+END
+$fn$;
+"""
+
+
+def upgrade() -> None:
+    _kinds(KINDS)
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(WRITE_EVENT)
+
+
+def downgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(
+            "DROP FUNCTION episodic_write_event(uuid, bigint, bigint, text, timestamptz, text, "
+            "bigint, bigint, bigint, bigint, bigint, bigint, bigint, bigint, jsonb, "
+            "timestamptz, text)"
+        )
+    _kinds(EARLIER_KINDS)
+
+
+def _kinds(kinds: str) -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(f"ALTER TABLE episodic_events DROP CONSTRAINT {CONSTRAINT}")
+        op.execute(
+            f"ALTER TABLE episodic_events ADD CONSTRAINT {CONSTRAINT} CHECK (kind IN {kinds})"
+        )
+        return
+    for _, name in PARTIAL_KEYS:
+        op.drop_index(name, table_name="episodic_events")
+    with op.batch_alter_table("episodic_events", recreate="always") as batch:
+        batch.drop_constraint(op.f(CONSTRAINT), type_="check")
+        batch.create_check_constraint(op.f(CONSTRAINT), sa.text(f"kind IN {kinds}"))
+    for column, name in PARTIAL_KEYS:
+        condition = sa.text(f"{column} IS NOT NULL")
+        op.create_index(
+            name,
+            "episodic_events",
+            ["conversation_id", column],
+            unique=True,
+            sqlite_where=condition,
+        )
+    for operation in ("UPDATE", "DELETE"):
+        op.execute(f"DROP TRIGGER IF EXISTS episodic_events_no_{operation.lower()}")
+        op.execute(
+            f"CREATE TRIGGER episodic_events_no_{operation.lower()} BEFORE {operation} "
+            "ON episodic_events BEGIN SELECT RAISE(ABORT, "
+            f"'episodic_events is append-only: {operation} is not allowed'); END"
+        )
