@@ -1,0 +1,1 @@
+"""Sessions for agent frameworks, one module per framework, each an optional extra."""

@@ -1,0 +1,150 @@
+"""A session for the OpenAI Agents SDK (``openai-agents``, 0.24): ``Runner.run(agent, input,
+session=EpisodicSession(session_id, store))``.
+
+Each item the SDK adds is one message of the log, its Responses item kept whole in
+``native`` (:meth:`Message.from_responses_item`), so ``get_items`` gives back exactly what
+was added; a ``function_call_output`` must answer a waiting ``function_call`` by ``call_id``,
+as any tool result. ``get_items`` returns the compacted view: after a boundary, the handoff
+(a user message item), the retained user messages, then the items after its cut, as they
+came. ``pop_item`` is a retraction and ``clear_session`` a clear (``EpisodicStore.retract_last``
+and ``clear``): the log keeps everything, the view changes. ``get_full_history`` pages the
+whole log.
+
+Any string is a session id: it names one conversation per tenant (a UUID derived from the
+tenant and the id), created by the first write; reading a session never written returns
+``[]``. A tenant-scoped store (``store.for_tenant``) scopes the session.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import suppress
+from typing import Any
+from uuid import UUID
+
+from agents.items import TResponseInputItem
+from agents.memory.session import SessionABC
+from agents.memory.session_settings import SessionSettings, resolve_session_limit
+
+from episodic.context import boundary_messages
+from episodic.errors import ConflictError, NotFoundError
+from episodic.models import Message, MessageEvent
+from episodic.store import DEFAULT_TENANT, EpisodicStore
+from episodic.view import in_view
+
+#: The namespace of the conversation ids sessions map to (uuid5 of tenant and session id).
+SESSION_NAMESPACE = uuid.UUID("6f3a1c52-9a43-4f0e-8d7e-5b3f4f0a2e61")
+
+
+def session_conversation_id(session_id: str, tenant_id: str = DEFAULT_TENANT) -> UUID:
+    """The conversation a session id names for a tenant: the same id, the same conversation,
+    in every process."""
+    return uuid.uuid5(SESSION_NAMESPACE, f"{tenant_id}\x00{session_id}")
+
+
+class EpisodicSession(SessionABC):
+    """The SDK's ``Session`` on an episodic conversation (see the module's docstring)."""
+
+    def __init__(
+        self,
+        session_id: str,
+        store: EpisodicStore,
+        *,
+        session_settings: SessionSettings | None = None,
+    ) -> None:
+        if not isinstance(session_id, str):
+            raise TypeError(f"session_id must be a string, not {type(session_id).__name__}")
+        self.session_id = session_id
+        self.session_settings = session_settings or SessionSettings()
+        self.store = store
+        self.conversation_id = session_conversation_id(
+            session_id, store.tenant_id or DEFAULT_TENANT
+        )
+
+    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+        """The compacted view (all of it, or its latest ``limit`` items), oldest first. A
+        window never starts with a call's output whose call it leaves out."""
+        wanted = resolve_session_limit(limit, self.session_settings)
+        if wanted is not None and wanted <= 0:
+            return []
+        try:
+            context, tail = await self.store.load_context_and_tail(self.conversation_id)
+        except NotFoundError:
+            return []
+        messages: list[Message] = []
+        if context.boundary is not None:
+            messages.extend(boundary_messages(context.boundary))
+        messages.extend(e.message for e in in_view(tail) if isinstance(e, MessageEvent))
+        items = [item for message in messages for item in message.to_responses()]
+        if wanted is not None and len(items) > wanted:
+            items = _without_leading_outputs(items[-wanted:])
+        return items  # type: ignore[return-value]
+
+    async def add_items(self, items: list[TResponseInputItem]) -> None:
+        """Store the items, in order, in one append (the conversation is created by the
+        first)."""
+        if not items:
+            return
+        messages = [Message.from_responses_item(dict(item)) for item in items]
+        try:
+            await self.store.append(self.conversation_id, messages)
+        except NotFoundError:
+            await self._create()
+            await self.store.append(self.conversation_id, messages)
+
+    async def pop_item(self) -> TResponseInputItem | None:
+        """Take back the newest item in view and return it (None when there is none): a
+        retraction, so the log keeps it. Concurrent pops return each item once."""
+        try:
+            retracted = await self.store.retract_last(self.conversation_id)
+        except NotFoundError:
+            return None
+        if retracted is None:
+            return None
+        return retracted.message.to_responses()[0]  # type: ignore[return-value]
+
+    async def clear_session(self) -> None:
+        """Empty the view: a clear, so the log keeps everything."""
+        try:
+            await self.store.clear(self.conversation_id)
+        except NotFoundError:
+            return
+
+    async def get_full_history(
+        self, *, page_size: int = 1_000
+    ) -> AsyncIterator[TResponseInputItem]:
+        """Every item ever added, retracted and cleared ones included, oldest first, read a
+        page at a time (boundaries, retractions and clears are not items and are skipped)."""
+        after = 0
+        while True:
+            try:
+                events = await self.store.read_events(
+                    self.conversation_id, after_seq=after, limit=page_size
+                )
+            except NotFoundError:
+                return
+            for event in events:
+                if isinstance(event, MessageEvent):
+                    for item in event.message.to_responses():
+                        yield item  # type: ignore[misc]
+            if len(events) < page_size:
+                return
+            after = events[-1].seq
+
+    async def _create(self) -> None:
+        with suppress(ConflictError):  # created meanwhile by a concurrent first write
+            await self.store.create_conversation(
+                conversation_id=self.conversation_id, metadata={"session_id": self.session_id}
+            )
+
+
+def _without_leading_outputs(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``items`` less the call outputs at its start, whose calls fell outside the window."""
+    start = 0
+    while start < len(items) and str(items[start].get("type", "")).endswith("_call_output"):
+        start += 1
+    return items[start:]
+
+
+__all__ = ["SESSION_NAMESPACE", "EpisodicSession", "session_conversation_id"]
