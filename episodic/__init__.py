@@ -40,6 +40,7 @@ from episodic.models import (
     TextBlock,
     ToolCall,
     Usage,
+    UsageEvent,
 )
 from episodic.policy import (
     EpisodicCompactionConfig,
@@ -95,6 +96,7 @@ __all__ = [
     "TransientDatabaseError",
     "UnsafeCutError",
     "Usage",
+    "UsageEvent",
     "ValidationError",
     "episodic_compaction_trigger",
     "messages_from_openai",

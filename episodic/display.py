@@ -20,6 +20,7 @@ from episodic.models import (
     RetractionEvent,
     RunCompletedEvent,
     StoredEvent,
+    UsageEvent,
 )
 
 ELLIPSIS = "…"
@@ -79,6 +80,8 @@ def describe_event(event: StoredEvent) -> str:
         return f"boundary through seq {event.covers_through_seq} ({event.reason}): {event.summary}"
     if isinstance(event, RetractionEvent):
         return f"retracted seq {event.retracted_seq}"
+    if isinstance(event, UsageEvent):
+        return f"usage reported: {event.usage.input_tokens:,} input tokens"
     return "cleared: the context starts after this event"
 
 

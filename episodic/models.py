@@ -508,7 +508,9 @@ def messages_from_openai(items: Sequence[Mapping[str, Any]]) -> list[Message]:
 
 # ---- the log ----------------------------------------------------------------------------
 
-EventKind: TypeAlias = Literal["message", "boundary", "run_completed", "retraction", "clear"]
+EventKind: TypeAlias = Literal[
+    "message", "boundary", "run_completed", "retraction", "clear", "usage"
+]
 RetentionMode: TypeAlias = Literal["recent_user_messages", "recent_turns"]
 
 
@@ -574,8 +576,18 @@ class ClearEvent(_EventBase):
     kind: Literal["clear"] = "clear"
 
 
+class UsageEvent(_EventBase):
+    """A provider's usage report that came after the messages it is about (an agent
+    framework reports a turn's usage once the turn is saved): from here on the pressure
+    signal starts from its ``input_tokens``, as it would from a usage passed with an
+    append."""
+
+    kind: Literal["usage"] = "usage"
+    usage: Usage
+
+
 StoredEvent = Annotated[
-    MessageEvent | RunCompletedEvent | BoundaryEvent | RetractionEvent | ClearEvent,
+    MessageEvent | RunCompletedEvent | BoundaryEvent | RetractionEvent | ClearEvent | UsageEvent,
     Field(discriminator="kind"),
 ]
 
@@ -637,6 +649,7 @@ __all__ = [
     "TextBlock",
     "ToolCall",
     "Usage",
+    "UsageEvent",
     "construct_valid",
     "messages_from_openai",
     "plain_defaults",

@@ -8,7 +8,8 @@ as any tool result. ``get_items`` returns the compacted view: after a boundary, 
 (a user message item), the retained user messages, then the items after its cut, as they
 came. ``pop_item`` is a retraction and ``clear_session`` a clear (``EpisodicStore.retract_last``
 and ``clear``): the log keeps everything, the view changes. ``get_full_history`` pages the
-whole log.
+whole log. ``run_compaction``, which the Runner awaits after each saved turn, records the
+turn's usage for the pressure signal and leaves the summary to the worker.
 
 Any string is a session id: it names one conversation per tenant (a UUID derived from the
 tenant and the id), created by the first write; reading a session never written returns
@@ -24,12 +25,13 @@ from typing import Any
 from uuid import UUID
 
 from agents.items import TResponseInputItem
-from agents.memory.session import SessionABC
+from agents.memory.session import OpenAIResponsesCompactionArgs, SessionABC
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
+from agents.run_context import RunContextWrapper
 
 from episodic.context import boundary_messages
 from episodic.errors import ConflictError, NotFoundError
-from episodic.models import Message, MessageEvent
+from episodic.models import Message, MessageEvent, Usage
 from episodic.store import DEFAULT_TENANT, EpisodicStore
 from episodic.view import in_view
 
@@ -110,6 +112,29 @@ class EpisodicSession(SessionABC):
             await self.store.clear(self.conversation_id)
         except NotFoundError:
             return
+
+    async def run_compaction(
+        self,
+        args: OpenAIResponsesCompactionArgs | None = None,
+        *,
+        wrapper: RunContextWrapper[Any] | None = None,
+    ) -> None:
+        """The Runner awaits this after each saved turn. Compaction is the worker's, off the
+        request path: here the turn's provider-reported usage (its last model call's input
+        tokens) is recorded, so the context-pressure rule sees it, and when the trigger fires
+        the conversation is marked due and the worker woken. Nothing is summarized here."""
+        entries = wrapper.usage.request_usage_entries if wrapper is not None else []
+        if not entries:
+            return
+        last = entries[-1]
+        usage = Usage(
+            input_tokens=last.input_tokens,
+            output_tokens=last.output_tokens,
+            cache_read_tokens=last.input_tokens_details.cached_tokens or 0,
+            reasoning_tokens=last.output_tokens_details.reasoning_tokens or 0,
+        )
+        with suppress(NotFoundError):  # nothing saved yet: nothing to measure
+            await self.store.report_usage(self.conversation_id, usage)
 
     async def get_full_history(
         self, *, page_size: int = 1_000

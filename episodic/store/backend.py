@@ -15,6 +15,7 @@ from episodic.models import (
     MessageEvent,
     RetractionEvent,
     StoredEvent,
+    UsageEvent,
 )
 from episodic.policy import EpisodicCompactionConfig
 from episodic.store.attempts import (
@@ -41,7 +42,7 @@ class PlannedEvent:
     (store/view_changes.py) and written only if the head is still the one it was planned
     on."""
 
-    event: RetractionEvent | ClearEvent
+    event: RetractionEvent | ClearEvent | UsageEvent
     payload: str
     #: the head's counters once it is stored
     counters: HeadCounters
@@ -115,11 +116,12 @@ class Backend(Protocol):
         ...
 
     async def write_event(
-        self, conversation_id: UUID, plan: PlanEvent
+        self, conversation_id: UUID, plan: PlanEvent, trigger: EpisodicCompactionConfig
     ) -> tuple[bool, PlannedEvent | None]:
         """Read the head and the events after its cut, let ``plan`` decide, and write its
-        event and counters if the head has not moved meanwhile (else plan again): (found,
-        what was written). Found is False when the conversation does not exist."""
+        event and counters if the head has not moved meanwhile (else plan again), marking the
+        conversation due when ``trigger`` fires on the new head: (found, what was written).
+        Found is False when the conversation does not exist."""
         ...
 
     async def claim(self, owner: str, limit: int, lease_seconds: float) -> list[Claim]:

@@ -28,6 +28,7 @@ from episodic.models import (
     TextBlock,
     ToolCall,
     Usage,
+    UsageEvent,
     construct_valid,
     plain_defaults,
 )
@@ -226,6 +227,10 @@ def decode_event(
         )
     if kind == "clear":
         return construct_valid(ClearEvent, {**envelope, "kind": "clear"})
+    if kind == "usage":
+        return construct_valid(
+            UsageEvent, {**envelope, "kind": "usage", "usage": construct_valid(Usage, body)}
+        )
     return boundary_from_payload(body, conversation_id, seq, created, token_estimate)
 
 
@@ -324,7 +329,7 @@ def decode_tail(
 
 #: Kinds a context has no message for: load_context skips their rows (a retraction's target
 #: is noted first). A clear is never in a tail: it is the cut.
-_NOT_IN_CONTEXT = frozenset({"run_completed", "retraction", "clear"})
+_NOT_IN_CONTEXT = frozenset({"run_completed", "retraction", "clear", "usage"})
 
 
 _EPOCH = datetime.fromtimestamp(0, UTC)

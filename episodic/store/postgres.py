@@ -162,7 +162,7 @@ WRITE_EVENT = named_call(
         "p_payload", "p_covers_through_seq", "p_total_user_messages",
         "p_user_messages_since_boundary", "p_run_completed_since_boundary",
         "p_user_messages_since_run_completed", "p_context_tokens", "p_usage_input_tokens",
-        "p_tokens_since_usage", "p_open_tool_calls", "p_context_since", "p_scope",
+        "p_tokens_since_usage", "p_open_tool_calls", "p_context_since", "p_trigger", "p_scope",
     ),
 )  # fmt: skip
 
@@ -517,7 +517,7 @@ class PostgresBackend:
         return (True, write) if written else (False, None)
 
     async def write_event(
-        self, conversation_id: UUID, plan: PlanEvent
+        self, conversation_id: UUID, plan: PlanEvent, trigger: EpisodicCompactionConfig
     ) -> tuple[bool, PlannedEvent | None]:
         for _ in range(BOUNDARY_WRITE_TRIES):
             with translated_errors():
@@ -555,6 +555,7 @@ class PostgresBackend:
                         after.tokens_since_usage,
                         dict(after.open_tool_calls),
                         planned.context_since,
+                        trigger_document(trigger),
                         self.tenant,
                     )
             if written:

@@ -23,6 +23,7 @@ from episodic.models import (
     RunCompletedEvent,
     StoredEvent,
     Usage,
+    UsageEvent,
 )
 from episodic.rendering import context_token_estimate
 from episodic.tokens import TokenEstimator
@@ -137,6 +138,13 @@ class HeadCounters:
             open_tool_calls=open_calls,
         )
 
+    def after_usage(self, usage: Usage, *, seq: int) -> HeadCounters:
+        """The counters once a usage report is stored at ``seq``: the pressure signal starts
+        again from its input tokens, as after a batch appended with that usage."""
+        return replace(
+            self, last_seq=seq, usage_input_tokens=usage.input_tokens, tokens_since_usage=0
+        )
+
     def after_clear(self, *, seq: int) -> HeadCounters:
         """The counters once a clear is stored at ``seq``: the view starts after it, so the
         cut moves there and the context's counters start again from nothing (calls still
@@ -234,6 +242,8 @@ def rebuild_head(events: Iterable[StoredEvent]) -> HeadCounters:
             head = head.after_retraction(target, tail, seq=event.seq)
         elif isinstance(event, ClearEvent):
             head = head.after_clear(seq=event.seq)
+        elif isinstance(event, UsageEvent):
+            head = head.after_usage(event.usage, seq=event.seq)
         seen.append(event)
     return head
 
@@ -252,11 +262,11 @@ def _seq_of_call(tail: Sequence[StoredEvent], call_id: str, *, before: int) -> i
 
 def _usage_counted_from(tail: Sequence[StoredEvent], covers_through_seq: int) -> int:
     """The first seq whose tokens ``tokens_since_usage`` counts: the latest of the cut, the
-    event after the latest boundary, and the latest message that carried a usage report
-    (retracted or not: its report stands)."""
+    event after the latest boundary or usage report, and the latest message that carried a
+    usage report (retracted or not: its report stands)."""
     start = covers_through_seq + 1
     for event in tail:
-        if isinstance(event, BoundaryEvent):
+        if isinstance(event, BoundaryEvent | UsageEvent):
             start = max(start, event.seq + 1)
         elif isinstance(event, MessageEvent) and event.usage is not None:
             start = max(start, event.seq)

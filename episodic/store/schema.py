@@ -117,7 +117,7 @@ events = Table(
     Column("request_hash", Text(), nullable=True),
     Column("batch_size", Integer(), nullable=True),
     CheckConstraint(
-        "kind IN ('message', 'boundary', 'run_completed', 'retraction', 'clear')",
+        "kind IN ('message', 'boundary', 'run_completed', 'retraction', 'clear', 'usage')",
         name="kind",
     ),
     CheckConstraint("seq > 0", name="seq_positive"),

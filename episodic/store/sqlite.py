@@ -347,7 +347,7 @@ class SqliteBackend:
         return write
 
     async def write_event(
-        self, conversation_id: UUID, plan: PlanEvent
+        self, conversation_id: UUID, plan: PlanEvent, trigger: EpisodicCompactionConfig
     ) -> tuple[bool, PlannedEvent | None]:
         async with self._write_to(conversation_id) as (conn, head):
             if head is None:
@@ -356,7 +356,8 @@ class SqliteBackend:
             tail = await _events_after(
                 conn, conversation_id, state.counters.covers_through_seq, None
             )
-            planned = plan(state, tail, datetime.now(UTC))
+            now = datetime.now(UTC)
+            planned = plan(state, tail, now)
             if planned is None:
                 return True, None
             event = planned.event
@@ -371,8 +372,10 @@ class SqliteBackend:
                     payload=planned.payload,
                 )
             )
-            since = {"boundary_at": planned.context_since} if planned.context_since else {}
-            await _save_counters(conn, conversation_id, planned.counters, **since)
+            extra = _due_marking(head, planned.counters, trigger, now)
+            if planned.context_since is not None:
+                extra["boundary_at"] = planned.context_since
+            await _save_counters(conn, conversation_id, planned.counters, **extra)
         return True, planned
 
     async def claim(self, owner: str, limit: int, lease_seconds: float) -> list[Claim]:

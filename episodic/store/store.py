@@ -30,6 +30,7 @@ from episodic.models import (
     RunCompletedEvent,
     StoredEvent,
     Usage,
+    UsageEvent,
     construct_valid,
 )
 from episodic.policy import EpisodicCompactionConfig, EpisodicCompactionPressure
@@ -55,6 +56,7 @@ from episodic.store.checks import (
     check_seq,
     check_tenant,
     check_text,
+    checked_usage,
     parse_conversation_id,
 )
 from episodic.store.codec import Tail, encode_json, utc
@@ -65,7 +67,7 @@ from episodic.store.postgres import PostgresBackend
 from episodic.store.projection import HeadState, abandoned_result_tokens, counters_of
 from episodic.store.retry import retry_transient
 from episodic.store.sqlite import SqliteBackend
-from episodic.store.view_changes import plan_clear, plan_retraction
+from episodic.store.view_changes import plan_clear, plan_retraction, plan_usage
 from episodic.tokens import TokenEstimator, estimator_from_name
 
 DEFAULT_TENANT = "default"
@@ -367,7 +369,7 @@ class EpisodicStore:
         def plan(head: HeadState, tail: list[StoredEvent], now: datetime) -> PlannedEvent | None:
             return plan_retraction(cid, head, tail, now)
 
-        found, written = await self._backend.write_event(cid, plan)
+        found, written = await self._backend.write_event(cid, plan, self.trigger)
         if not found:
             raise NotFoundError(cid)
         return written.retracted if written is not None else None
@@ -384,12 +386,31 @@ class EpisodicStore:
         def plan(head: HeadState, tail: list[StoredEvent], now: datetime) -> PlannedEvent | None:
             return plan_clear(cid, head, tail, now)
 
-        found, written = await self._backend.write_event(cid, plan)
+        found, written = await self._backend.write_event(cid, plan, self.trigger)
         if not found:
             raise NotFoundError(cid)
         if written is None:
             return None
         assert isinstance(written.event, ClearEvent)
+        return written.event.model_copy(update={"created_at": utc(written.event.created_at)})
+
+    async def report_usage(self, conversation_id: UUID | str, usage: Usage) -> UsageEvent:
+        """Record a provider's usage for the messages appended before it (when it comes after
+        them: an agent framework saves a turn, then reports its usage): the pressure signal
+        starts from its ``input_tokens``, as if it had been passed with the append, and the
+        trigger is asked on the new head. A :class:`UsageEvent` in the log."""
+        await self._ready()
+        cid = parse_conversation_id(conversation_id)
+        checked = checked_usage(usage)
+
+        def plan(head: HeadState, tail: list[StoredEvent], now: datetime) -> PlannedEvent:
+            return plan_usage(cid, checked, head, now)
+
+        found, written = await self._backend.write_event(cid, plan, self.trigger)
+        if not found:
+            raise NotFoundError(cid)
+        assert written is not None
+        assert isinstance(written.event, UsageEvent)
         return written.event.model_copy(update={"created_at": utc(written.event.created_at)})
 
     async def read_events(

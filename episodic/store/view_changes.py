@@ -1,14 +1,16 @@
-"""A retraction and a clear: the two events that change what is in view without rewriting
-the log (episodic/view.py says what is in view). Each is planned here from the head and the
-events after its cut, and the backend writes it only if the head has not moved since, so two
-concurrent retractions take back two messages, never one twice."""
+"""The events planned from the head rather than appended by a function of the database: a
+retraction and a clear, which change what is in view without rewriting the log
+(episodic/view.py says what is in view), and a usage report that comes after its messages.
+Each is planned here from the head and the events after its cut, and the backend writes it
+only if the head has not moved since, so two concurrent retractions take back two messages,
+never one twice."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from uuid import UUID
 
-from episodic.models import ClearEvent, RetractionEvent, StoredEvent
+from episodic.models import ClearEvent, RetractionEvent, StoredEvent, Usage, UsageEvent
 from episodic.store.backend import PlannedEvent
 from episodic.store.codec import encode_json
 from episodic.store.projection import HeadState
@@ -56,4 +58,17 @@ def plan_clear(
     )
 
 
-__all__ = ["plan_clear", "plan_retraction"]
+def plan_usage(conversation_id: UUID, usage: Usage, head: HeadState, now: datetime) -> PlannedEvent:
+    """Record ``usage``, reported after the messages it is about."""
+    seq = head.counters.last_seq + 1
+    event = UsageEvent(
+        conversation_id=conversation_id, seq=seq, created_at=now, token_estimate=0, usage=usage
+    )
+    return PlannedEvent(
+        event=event,
+        payload=encode_json(usage.model_dump(), what="usage"),
+        counters=head.counters.after_usage(usage, seq=seq),
+    )
+
+
+__all__ = ["plan_clear", "plan_retraction", "plan_usage"]

@@ -1,8 +1,10 @@
-"""Retractions and clears: two new kinds of event, and the function that writes them.
+"""Retractions, clears and usage reports: three new kinds of event, and the function that
+writes them.
 
 A retraction (``RetractionEvent``) takes back the newest message in view and a clear
 (``ClearEvent``) empties the view, without rewriting the log: both are appended like any
-event (episodic/view.py says what is in view, episodic/store/view_changes.py plans them).
+event (episodic/view.py says what is in view, episodic/store/view_changes.py plans them). A
+usage report (``UsageEvent``) records a provider's usage that came after its messages.
 ``episodic_write_event`` writes one as planned in Python from the head and the events after
 its cut, only if the head is still where the plan saw it, like ``episodic_write_boundary``.
 
@@ -16,7 +18,7 @@ from alembic import op
 revision: str = "0009_retractions_and_clears"
 down_revision: str | None = "0008_coalesced_appends"
 
-KINDS = "('message', 'boundary', 'run_completed', 'retraction', 'clear')"
+KINDS = "('message', 'boundary', 'run_completed', 'retraction', 'clear', 'usage')"
 EARLIER_KINDS = "('message', 'boundary', 'run_completed')"
 CONSTRAINT = "ck_episodic_events_kind"
 #: SQLite copies the table to change a constraint, which drops its indexes and triggers:
@@ -44,41 +46,43 @@ CREATE FUNCTION episodic_write_event(
     p_tokens_since_usage bigint,
     p_open_tool_calls jsonb,
     p_context_since timestamp with time zone,
+    p_trigger jsonb,
     p_scope text DEFAULT NULL::text
 ) RETURNS bigint
     LANGUAGE plpgsql
     AS $fn$
 DECLARE
-    v_written bigint;
+    v_head episodic_conversations;
 BEGIN
     IF p_scope IS NOT NULL THEN
         PERFORM episodic_set_tenant(p_scope);
     END IF;
-    WITH head AS (
-        UPDATE episodic_conversations c SET
-            last_seq = p_seq, covers_through_seq = p_covers_through_seq,
-            total_user_messages = p_total_user_messages,
-            user_messages_since_boundary = p_user_messages_since_boundary,
-            run_completed_since_boundary = p_run_completed_since_boundary,
-            user_messages_since_run_completed = p_user_messages_since_run_completed,
-            context_tokens = p_context_tokens,
-            usage_input_tokens = p_usage_input_tokens,
-            tokens_since_usage = p_tokens_since_usage,
-            open_tool_calls = p_open_tool_calls,
-            boundary_at = COALESCE(p_context_since, c.boundary_at)
-         WHERE c.conversation_id = p_conversation_id
-           AND (p_scope IS NULL OR c.tenant_id = p_scope)
-           AND c.last_seq = p_planned_last_seq
-        RETURNING c.tenant_id
-    ), written AS (
-        INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
-                                     token_estimate, payload)
-        SELECT p_conversation_id, p_seq, head.tenant_id, p_kind, p_created_at, 0, p_payload
-          FROM head
-        RETURNING seq
-    )
-    SELECT count(*) INTO v_written FROM written;
-    RETURN v_written;
+    UPDATE episodic_conversations c SET
+        last_seq = p_seq, covers_through_seq = p_covers_through_seq,
+        total_user_messages = p_total_user_messages,
+        user_messages_since_boundary = p_user_messages_since_boundary,
+        run_completed_since_boundary = p_run_completed_since_boundary,
+        user_messages_since_run_completed = p_user_messages_since_run_completed,
+        context_tokens = p_context_tokens,
+        usage_input_tokens = p_usage_input_tokens,
+        tokens_since_usage = p_tokens_since_usage,
+        open_tool_calls = p_open_tool_calls,
+        boundary_at = COALESCE(p_context_since, c.boundary_at)
+     WHERE c.conversation_id = p_conversation_id
+       AND (p_scope IS NULL OR c.tenant_id = p_scope)
+       AND c.last_seq = p_planned_last_seq
+    RETURNING c.* INTO v_head;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
+                                 token_estimate, payload)
+    VALUES (p_conversation_id, p_seq, v_head.tenant_id, p_kind, p_created_at, 0, p_payload);
+    IF v_head.due_since IS NULL AND v_head.dead_since IS NULL
+       AND episodic_trigger_reason(v_head, p_trigger, now()) IS NOT NULL THEN
+        PERFORM episodic_mark_due(v_head, p_trigger);
+    END IF;
+    RETURN 1;
 END
 $fn$;
 """
@@ -95,7 +99,7 @@ def downgrade() -> None:
         op.execute(
             "DROP FUNCTION episodic_write_event(uuid, bigint, bigint, text, timestamptz, text, "
             "bigint, bigint, bigint, bigint, bigint, bigint, bigint, bigint, jsonb, "
-            "timestamptz, text)"
+            "timestamptz, jsonb, text)"
         )
     _kinds(EARLIER_KINDS)
 

@@ -25,6 +25,7 @@ from episodic import (
     Usage,
 )
 from episodic.errors import NotFoundError, OrphanToolResultError
+from episodic.policy import EpisodicCompactionConfig
 from episodic.store.projection import HeadCounters, rebuild_head
 from tests.support import counters_of
 
@@ -252,3 +253,37 @@ async def test_unknown_conversations_are_not_found(store: EpisodicStore) -> None
         await store.retract_last(uuid4())
     with pytest.raises(NotFoundError):
         await store.clear(uuid4())
+
+
+async def test_a_usage_report_reads_as_usage_passed_with_the_append(store: EpisodicStore) -> None:
+    reported, passed = await store.create_conversation(), await store.create_conversation()
+    await store.append(reported, [Message.user("a"), Message.assistant("b")])
+    event = await store.report_usage(reported, Usage(input_tokens=1_234, output_tokens=5))
+    assert event.usage == Usage(input_tokens=1_234, output_tokens=5)
+    await store.append(reported, [Message.user("c")])
+    await store.append(passed, [Message.user("a")])
+    await store.append(passed, [Message.assistant("b")], usage=Usage(input_tokens=1_234))
+    await store.append(passed, [Message.user("c")])
+    got, want = await _counters(store, reported), await _counters(store, passed)
+    assert got.usage_input_tokens == want.usage_input_tokens == 1_234
+    # The report covers everything before it (an append's usage, its own batch too): what
+    # counts since is only "c".
+    c_tokens = (await store.load_context(reported)).messages[-1].token_estimate
+    assert got.tokens_since_usage == c_tokens
+    assert want.tokens_since_usage > c_tokens
+    # Retracting what came after the report takes its tokens back from the pressure.
+    await store.retract_last(reported)
+    assert (await _counters(store, reported)).tokens_since_usage == 0
+
+
+async def test_a_usage_report_can_make_the_conversation_due(store: EpisodicStore) -> None:
+    store.trigger = EpisodicCompactionConfig(trigger_context_tokens=10_000)
+    conv = await store.create_conversation()
+    await store.append(conv, [Message.user("short")])
+    assert (await store.get_conversation(conv)).due_since is None
+    await store.report_usage(conv, Usage(input_tokens=12_000))
+    head = await store.get_conversation(conv)
+    assert head.due_since is not None
+    assert head.due_reason == "context_pressure"
+    with pytest.raises(NotFoundError):
+        await store.report_usage(uuid4(), Usage(input_tokens=1))

@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
-from episodic import BoundaryRequest, EpisodicStore, RetractionEvent
+from episodic import BoundaryEvent, BoundaryRequest, EpisodicStore, RetractionEvent
 from episodic.errors import OrphanToolResultError
+from episodic.policy import EpisodicCompactionConfig
+from episodic.summarizers.extractive import ExtractiveSummarizer
+from episodic.worker.runner import CompactionWorker
 from tests.support import require_extra
 
 agents = require_extra("agents", "openai-agents")
@@ -20,6 +23,7 @@ from agents import Agent, Runner, function_tool, set_tracing_disabled  # noqa: E
 from agents.memory.session import Session  # noqa: E402
 from agents.memory.session_settings import SessionSettings  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+from agents.usage import Usage  # noqa: E402
 
 from episodic.integrations.openai_agents import (  # noqa: E402
     EpisodicSession,
@@ -208,3 +212,74 @@ async def test_runner_run_keeps_the_conversation_in_the_session(
     head = await store.get_conversation(session.conversation_id)
     assert head.last_seq == len(items) == 6
     assert head.open_tool_calls == {}
+
+
+async def test_runner_over_many_turns_with_the_worker_compacting_between_them(
+    store: EpisodicStore,
+) -> None:
+    """22 turns, each a tool call and an answer; the worker compacts whenever the trigger
+    fires (every 4 user messages here). After each boundary the model's input starts with
+    its handoff, never holds an output without its call, and the log keeps every item."""
+    store.trigger = EpisodicCompactionConfig(trigger_unfinished_turns=4)
+    session = EpisodicSession("long-chat", store)
+    worker = CompactionWorker(store, ExtractiveSummarizer(), worker_id="e2e")
+    turns = 22
+
+    @function_tool
+    def lookup(topic: str) -> str:
+        return f"notes on {topic}: " + "details " * 30
+
+    steps: list[Any] = []
+    for turn in range(turns):
+        steps.append([function_call("lookup", {"topic": f"t{turn}"}, call_id=f"call_{turn}")])
+        steps.append([assistant_message(f"answer {turn}", item_id=f"msg_{turn}")])
+    model = ScriptedModel(steps)
+    agent = Agent(name="researcher", model=model, tools=[lookup])
+
+    handoffs: dict[int, str] = {}  # model call index -> the handoff it should open with
+    for turn in range(turns):
+        calls_before = len(model.calls)
+        context = await store.load_context(session.conversation_id) if turn else None
+        result = await Runner.run(agent, f"question {turn}", session=session)
+        assert result.final_output == f"answer {turn}"
+        if context is not None and context.boundary is not None:
+            for index in range(calls_before, len(model.calls)):
+                handoffs[index] = context.boundary.summary
+        await worker.run_once()
+
+    assert len(handoffs) >= 8, "the worker should have compacted several times"
+    for index, call in enumerate(model.calls):
+        items = [dict(item) for item in call.input]
+        if index in handoffs:
+            assert items[0] == {"type": "message", "role": "user", "content": handoffs[index]}
+        called = set()
+        for item in items:
+            if item.get("type") == "function_call":
+                called.add(item["call_id"])
+            elif item.get("type") == "function_call_output":
+                assert item["call_id"] in called, f"an orphan output in model call {index}"
+    history = [item async for item in session.get_full_history()]
+    assert [i["content"] for i in history if i.get("role") == "user"] == [
+        f"question {turn}" for turn in range(turns)
+    ]
+    assert [i["call_id"] for i in history if i.get("type") == "function_call_output"] == [
+        f"call_{turn}" for turn in range(turns)
+    ]
+    assert len(history) == turns * 4  # question, call, output, answer
+    boundaries = [e for e in await store.read_events(session.conversation_id, limit=10_000)
+                  if isinstance(e, BoundaryEvent)]  # fmt: skip
+    assert len(boundaries) >= 4
+
+
+async def test_the_runners_compaction_hook_records_the_turns_usage(
+    session: EpisodicSession, store: EpisodicStore
+) -> None:
+    store.trigger = EpisodicCompactionConfig(trigger_context_tokens=50_000)
+    usage = Usage(requests=1, input_tokens=60_000, output_tokens=7, total_tokens=60_007)
+    model = ScriptedModel([{"output": [assistant_message("hello")], "usage": usage}])
+    await Runner.run(Agent(name="a", model=model), "hi", session=session)
+    head = await store.get_conversation(session.conversation_id)
+    assert head.usage_input_tokens == 60_000
+    assert head.due_reason == "context_pressure"  # the worker is woken; nothing summarized
+    events = await store.read_events(session.conversation_id)
+    assert [e.kind for e in events] == ["message", "message", "usage"]

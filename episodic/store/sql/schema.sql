@@ -125,7 +125,7 @@ CREATE TABLE episodic_events (
     batch_size integer,
     CONSTRAINT ck_episodic_events_kind
         CHECK ((kind = ANY (ARRAY['message'::text, 'boundary'::text, 'run_completed'::text,
-                               'retraction'::text, 'clear'::text]))),
+                               'retraction'::text, 'clear'::text, 'usage'::text]))),
     CONSTRAINT ck_episodic_events_seq_positive CHECK ((seq > 0)),
     CONSTRAINT pk_episodic_events PRIMARY KEY (conversation_id, seq)
 );
@@ -750,11 +750,12 @@ BEGIN
 END
 $fn$;
 
--- A retraction or a clear (episodic/store/view_changes.py), planned in Python from the head
--- and the events after its cut, written only if the head is still at p_planned_last_seq:
--- the event and the head's counters as planned. Returns the number of events written, 0 or
--- 1; on 0 the client plans again. (p_context_since: when the current context began, for a
--- clear; NULL leaves it.)
+-- A retraction, a clear or a usage report (episodic/store/view_changes.py), planned in Python
+-- from the head and the events after its cut, written only if the head is still at
+-- p_planned_last_seq: the event and the head's counters as planned, then the trigger asked on
+-- the new head, as after an append. Returns the number of events written, 0 or 1; on 0 the
+-- client plans again. (p_context_since: when the current context began, for a clear; NULL
+-- leaves it.)
 CREATE FUNCTION episodic_write_event(
     p_conversation_id uuid,
     p_planned_last_seq bigint,
@@ -772,41 +773,43 @@ CREATE FUNCTION episodic_write_event(
     p_tokens_since_usage bigint,
     p_open_tool_calls jsonb,
     p_context_since timestamp with time zone,
+    p_trigger jsonb,
     p_scope text DEFAULT NULL::text
 ) RETURNS bigint
     LANGUAGE plpgsql
     AS $fn$
 DECLARE
-    v_written bigint;
+    v_head episodic_conversations;
 BEGIN
     IF p_scope IS NOT NULL THEN
         PERFORM episodic_set_tenant(p_scope);
     END IF;
-    WITH head AS (
-        UPDATE episodic_conversations c SET
-            last_seq = p_seq, covers_through_seq = p_covers_through_seq,
-            total_user_messages = p_total_user_messages,
-            user_messages_since_boundary = p_user_messages_since_boundary,
-            run_completed_since_boundary = p_run_completed_since_boundary,
-            user_messages_since_run_completed = p_user_messages_since_run_completed,
-            context_tokens = p_context_tokens,
-            usage_input_tokens = p_usage_input_tokens,
-            tokens_since_usage = p_tokens_since_usage,
-            open_tool_calls = p_open_tool_calls,
-            boundary_at = COALESCE(p_context_since, c.boundary_at)
-         WHERE c.conversation_id = p_conversation_id
-           AND (p_scope IS NULL OR c.tenant_id = p_scope)
-           AND c.last_seq = p_planned_last_seq
-        RETURNING c.tenant_id
-    ), written AS (
-        INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
-                                     token_estimate, payload)
-        SELECT p_conversation_id, p_seq, head.tenant_id, p_kind, p_created_at, 0, p_payload
-          FROM head
-        RETURNING seq
-    )
-    SELECT count(*) INTO v_written FROM written;
-    RETURN v_written;
+    UPDATE episodic_conversations c SET
+        last_seq = p_seq, covers_through_seq = p_covers_through_seq,
+        total_user_messages = p_total_user_messages,
+        user_messages_since_boundary = p_user_messages_since_boundary,
+        run_completed_since_boundary = p_run_completed_since_boundary,
+        user_messages_since_run_completed = p_user_messages_since_run_completed,
+        context_tokens = p_context_tokens,
+        usage_input_tokens = p_usage_input_tokens,
+        tokens_since_usage = p_tokens_since_usage,
+        open_tool_calls = p_open_tool_calls,
+        boundary_at = COALESCE(p_context_since, c.boundary_at)
+     WHERE c.conversation_id = p_conversation_id
+       AND (p_scope IS NULL OR c.tenant_id = p_scope)
+       AND c.last_seq = p_planned_last_seq
+    RETURNING c.* INTO v_head;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
+                                 token_estimate, payload)
+    VALUES (p_conversation_id, p_seq, v_head.tenant_id, p_kind, p_created_at, 0, p_payload);
+    IF v_head.due_since IS NULL AND v_head.dead_since IS NULL
+       AND episodic_trigger_reason(v_head, p_trigger, now()) IS NOT NULL THEN
+        PERFORM episodic_mark_due(v_head, p_trigger);
+    END IF;
+    RETURN 1;
 END
 $fn$;
 

@@ -77,6 +77,11 @@ DESELECTED = {
     "tests/test_run_impl_resume_paths.py::test_resumed_session_persistence_uses_saved_count": _ORPHAN,  # noqa: E501
     "tests/test_agent_runner.py::test_rewind_handles_id_stripped_sessions": _NO_ROLE,
     "tests/test_agent_runner.py::test_wait_for_session_cleanup_logs_when_targets_linger": _NO_ROLE,
+    "tests/test_run_impl_resume_paths.py::test_pending_session_write_without_the_held_key_keeps_its_meaning": (  # noqa: E501
+        "relabels a pending write as run-state format 1.17, which predates compaction-aware "
+        "sessions: EpisodicSession is one (run_compaction records the turn's usage), so its "
+        "pending write carries the compaction exchange that format cannot hold"
+    ),
     "tests/memory/test_compaction_model_visibility.py::test_encrypted_session_checks_decrypted_history": (  # noqa: E501
         "EncryptedSession stores opaque envelopes with neither a type nor a role: episodic "
         "refuses an item it cannot read (encrypt the database at rest instead)"

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from agents.items import TResponseInputItem
+from agents.memory.session import OpenAIResponsesCompactionArgs
+from agents.run_context import RunContextWrapper
 
 from episodic import EpisodicStore
 from episodic.integrations.openai_agents import EpisodicSession
@@ -94,6 +96,15 @@ class SimpleListSession(EpisodicSession):
     async def clear_session(self) -> None:
         async with self._connected(refresh=True):
             await EpisodicSession.clear_session(self)
+
+    async def run_compaction(
+        self,
+        args: OpenAIResponsesCompactionArgs | None = None,
+        *,
+        wrapper: RunContextWrapper[Any] | None = None,
+    ) -> None:
+        async with self._connected():
+            await EpisodicSession.run_compaction(self, args, wrapper=wrapper)
 
 
 class CountingSession(SimpleListSession):
