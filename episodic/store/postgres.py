@@ -18,7 +18,7 @@ import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import asyncpg
@@ -56,6 +56,8 @@ from episodic.store.sql import named_call
 from episodic.store.translate import connection_refused, translated, translated_errors
 
 READ_REVISION = "SELECT version_num FROM episodic_alembic_version"
+
+T = TypeVar("T")
 
 OUTCOME = "o_outcome, o_seq, o_created_at, o_detail"
 # Rows of events: codec.EVENT_COLUMNS, in order (read by position).
@@ -464,14 +466,27 @@ class PostgresBackend:
     async def write_boundary(
         self, conversation_id: UUID, planner: BoundaryPlanner
     ) -> BoundaryWrite | None:
+        async def attempt(connection: asyncpg.Connection) -> tuple[bool, BoundaryWrite | None]:
+            return await self._try_boundary(connection, conversation_id, planner)
+
+        return await self._until_written(conversation_id, "its boundary", attempt)
+
+    async def _until_written(
+        self,
+        conversation_id: UUID,
+        what: str,
+        attempt: Callable[[asyncpg.Connection], Awaitable[tuple[bool, T]]],
+    ) -> T:
+        """Run ``attempt`` (read, plan, write if nothing moved: done and its result) until it
+        is done, at most :data:`BOUNDARY_WRITE_TRIES` times."""
         for _ in range(BOUNDARY_WRITE_TRIES):
             with translated_errors():
                 async with self._pool.acquire() as connection:
-                    done, write = await self._try_boundary(connection, conversation_id, planner)
+                    done, result = await attempt(connection)
             if done:
-                return write
+                return result
         raise ConflictError(
-            f"conversation {conversation_id} kept changing while its boundary was written "
+            f"conversation {conversation_id} kept changing while {what} was written "
             f"({BOUNDARY_WRITE_TRIES} tries); nothing was written",
             conversation_id=conversation_id,
         )
@@ -519,52 +534,54 @@ class PostgresBackend:
     async def write_event(
         self, conversation_id: UUID, plan: PlanEvent, trigger: EpisodicCompactionConfig
     ) -> tuple[bool, PlannedEvent | None]:
-        for _ in range(BOUNDARY_WRITE_TRIES):
-            with translated_errors():
-                async with self._pool.acquire() as connection:
-                    head = await connection.fetchrow(READ_HEAD, conversation_id, self.tenant)
-                    if head is None:
-                        return False, None
-                    rows = await connection.fetch(
-                        READ_TAIL_AFTER, conversation_id, None, self.tenant
-                    )
-                    state = decode_head_state(head)
-                    last = state.counters.last_seq
-                    tail = [
-                        decode_event_row(conversation_id, row) for row in rows if row["seq"] <= last
-                    ]
-                    planned = plan(state, tail, head["database_now"])
-                    if planned is None:
-                        return True, None
-                    event, after = planned.event, planned.counters
-                    written = await connection.fetchval(
-                        WRITE_EVENT,
-                        conversation_id,
-                        last,
-                        event.seq,
-                        event.kind,
-                        event.created_at,
-                        planned.payload,
-                        after.covers_through_seq,
-                        after.total_user_messages,
-                        after.user_messages_since_boundary,
-                        after.run_completed_since_boundary,
-                        after.user_messages_since_run_completed,
-                        after.context_tokens,
-                        after.usage_input_tokens,
-                        after.tokens_since_usage,
-                        dict(after.open_tool_calls),
-                        planned.context_since,
-                        trigger_document(trigger),
-                        self.tenant,
-                    )
-            if written:
-                return True, planned
-        raise ConflictError(
-            f"conversation {conversation_id} kept changing while a retraction or a clear was "
-            f"written ({BOUNDARY_WRITE_TRIES} tries); nothing was written",
-            conversation_id=conversation_id,
+        async def attempt(
+            connection: asyncpg.Connection,
+        ) -> tuple[bool, tuple[bool, PlannedEvent | None]]:
+            return await self._try_event(connection, conversation_id, plan, trigger)
+
+        return await self._until_written(conversation_id, "an event", attempt)
+
+    async def _try_event(
+        self,
+        connection: asyncpg.Connection,
+        conversation_id: UUID,
+        plan: PlanEvent,
+        trigger: EpisodicCompactionConfig,
+    ) -> tuple[bool, tuple[bool, PlannedEvent | None]]:
+        """One optimistic try, like :meth:`_try_boundary`: (done, (found, written))."""
+        head = await connection.fetchrow(READ_HEAD, conversation_id, self.tenant)
+        if head is None:
+            return True, (False, None)
+        rows = await connection.fetch(READ_TAIL_AFTER, conversation_id, None, self.tenant)
+        state = decode_head_state(head)
+        last = state.counters.last_seq
+        tail = [decode_event_row(conversation_id, row) for row in rows if row["seq"] <= last]
+        planned = plan(state, tail, head["database_now"])
+        if planned is None:
+            return True, (True, None)
+        event, after = planned.event, planned.counters
+        written = await connection.fetchval(
+            WRITE_EVENT,
+            conversation_id,
+            last,
+            event.seq,
+            event.kind,
+            event.created_at,
+            planned.payload,
+            after.covers_through_seq,
+            after.total_user_messages,
+            after.user_messages_since_boundary,
+            after.run_completed_since_boundary,
+            after.user_messages_since_run_completed,
+            after.context_tokens,
+            after.usage_input_tokens,
+            after.tokens_since_usage,
+            dict(after.open_tool_calls),
+            planned.context_since,
+            trigger_document(trigger),
+            self.tenant,
         )
+        return bool(written), (True, planned)
 
     async def claim(self, owner: str, limit: int, lease_seconds: float) -> list[Claim]:
         with translated_errors():

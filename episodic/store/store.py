@@ -42,7 +42,14 @@ from episodic.store.attempts import (
     Claim,
     CompactionStatus,
 )
-from episodic.store.backend import Backend, BoundaryPlanner, Closer, PlannedEvent, WriteOutcome
+from episodic.store.backend import (
+    Backend,
+    BoundaryPlanner,
+    Closer,
+    PlanEvent,
+    PlannedEvent,
+    WriteOutcome,
+)
 from episodic.store.batch import PreparedBatch, prepare_batch
 from episodic.store.boundaries import BoundaryRequest, BoundaryWrite, plan_boundary
 from episodic.store.checks import (
@@ -363,15 +370,10 @@ class EpisodicStore:
         tool result's call waits again) and every later boundary's transcript. Concurrent
         retractions take back one message each. The handoff and retained messages of a
         boundary are not messages of the log and are never retracted."""
-        await self._ready()
-        cid = parse_conversation_id(conversation_id)
-
-        def plan(head: HeadState, tail: list[StoredEvent], now: datetime) -> PlannedEvent | None:
-            return plan_retraction(cid, head, tail, now)
-
-        found, written = await self._backend.write_event(cid, plan, self.trigger)
-        if not found:
-            raise NotFoundError(cid)
+        cid = await self._parsed(conversation_id)
+        written = await self._write_planned(
+            cid, lambda head, tail, now: plan_retraction(cid, head, tail, now)
+        )
         return written.retracted if written is not None else None
 
     async def clear(self, conversation_id: UUID | str) -> ClearEvent | None:
@@ -380,15 +382,10 @@ class EpisodicStore:
         (a :class:`ClearEvent` is appended); erasing is another operation. Calls still
         waiting for a result are dropped with the view. None when the view is already
         empty (nothing is written)."""
-        await self._ready()
-        cid = parse_conversation_id(conversation_id)
-
-        def plan(head: HeadState, tail: list[StoredEvent], now: datetime) -> PlannedEvent | None:
-            return plan_clear(cid, head, tail, now)
-
-        found, written = await self._backend.write_event(cid, plan, self.trigger)
-        if not found:
-            raise NotFoundError(cid)
+        cid = await self._parsed(conversation_id)
+        written = await self._write_planned(
+            cid, lambda head, tail, now: plan_clear(cid, head, tail, now)
+        )
         if written is None:
             return None
         assert isinstance(written.event, ClearEvent)
@@ -399,19 +396,26 @@ class EpisodicStore:
         them: an agent framework saves a turn, then reports its usage): the pressure signal
         starts from its ``input_tokens``, as if it had been passed with the append, and the
         trigger is asked on the new head. A :class:`UsageEvent` in the log."""
-        await self._ready()
-        cid = parse_conversation_id(conversation_id)
+        cid = await self._parsed(conversation_id)
         checked = checked_usage(usage)
-
-        def plan(head: HeadState, tail: list[StoredEvent], now: datetime) -> PlannedEvent:
-            return plan_usage(cid, checked, head, now)
-
-        found, written = await self._backend.write_event(cid, plan, self.trigger)
-        if not found:
-            raise NotFoundError(cid)
+        written = await self._write_planned(
+            cid, lambda head, tail, now: plan_usage(cid, checked, head, now)
+        )
         assert written is not None
         assert isinstance(written.event, UsageEvent)
         return written.event.model_copy(update={"created_at": utc(written.event.created_at)})
+
+    async def _parsed(self, conversation_id: UUID | str) -> UUID:
+        await self._ready()
+        return parse_conversation_id(conversation_id)
+
+    async def _write_planned(self, cid: UUID, plan: PlanEvent) -> PlannedEvent | None:
+        """A retraction, a clear or a usage report, as ``plan`` decides from the head and
+        the events after its cut (store/view_changes.py); None when it decides nothing."""
+        found, written = await self._backend.write_event(cid, plan, self.trigger)
+        if not found:
+            raise NotFoundError(cid)
+        return written
 
     async def read_events(
         self, conversation_id: UUID | str, after_seq: int = 0, limit: int = 1_000
