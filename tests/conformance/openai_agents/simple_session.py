@@ -22,6 +22,7 @@ from typing import Any, cast
 
 from agents.items import TResponseInputItem
 from agents.memory.session import OpenAIResponsesCompactionArgs
+from agents.memory.session_settings import SessionSettings
 from agents.run_context import RunContextWrapper
 
 from episodic import EpisodicStore
@@ -37,31 +38,15 @@ CASES = Path(os.environ["EPISODIC_CONFORMANCE_CASES"])
 SETTINGS = EpisodicSettings(_env_file=None, pool_min_size=0, pool_max_size=1)
 
 
-class SimpleListSession(EpisodicSession):
-    """The SDK tests' in-memory session, on episodic."""
+class ConnectedSession(EpisodicSession):
+    """An EpisodicSession that opens its store for each call, on a tenant of its own."""
 
-    def __init__(
-        self,
-        session_id: str = "test",
-        history: list[TResponseInputItem] | None = None,
-    ) -> None:
+    def __init__(self, session_id: str, tenant: str, settings: SessionSettings | None) -> None:
         self.session_id = session_id
-        self.session_settings = None
-        self._tenant = f"sdk-{uuid.uuid4().hex[:12]}"
-        self._pending = list(history) if history else []
-        # Some session implementations strip IDs on write; tests can opt in via attribute.
-        self._ignore_ids_for_matching = False
-        self._view: list[TResponseInputItem] = list(self._pending)
-        with CASES.open("a") as cases:
-            cases.write(os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0] + "\n")
-
-    @property
-    def saved_items(self) -> list[TResponseInputItem]:
-        return self._view
-
-    @property
-    def _items(self) -> list[TResponseInputItem]:
-        return self._view
+        self.session_settings = settings
+        self._tenant = tenant
+        self._pending: list[TResponseInputItem] = []
+        self._view: list[TResponseInputItem] = []
 
     @asynccontextmanager
     async def _connected(self, *, refresh: bool = False) -> AsyncIterator[None]:
@@ -105,6 +90,31 @@ class SimpleListSession(EpisodicSession):
     ) -> None:
         async with self._connected():
             await EpisodicSession.run_compaction(self, args, wrapper=wrapper)
+
+
+class SimpleListSession(ConnectedSession):
+    """The SDK tests' in-memory session, on episodic."""
+
+    def __init__(
+        self,
+        session_id: str = "test",
+        history: list[TResponseInputItem] | None = None,
+    ) -> None:
+        super().__init__(session_id, f"sdk-{uuid.uuid4().hex[:12]}", None)
+        self._pending = list(history) if history else []
+        # Some session implementations strip IDs on write; tests can opt in via attribute.
+        self._ignore_ids_for_matching = False
+        self._view = list(self._pending)
+        with CASES.open("a") as cases:
+            cases.write(os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0] + "\n")
+
+    @property
+    def saved_items(self) -> list[TResponseInputItem]:
+        return self._view
+
+    @property
+    def _items(self) -> list[TResponseInputItem]:
+        return self._view
 
 
 class CountingSession(SimpleListSession):
