@@ -26,7 +26,11 @@ from uuid import UUID
 
 from agents.items import TResponseInputItem
 from agents.memory.session import OpenAIResponsesCompactionArgs, SessionABC
-from agents.memory.session_settings import SessionSettings, resolve_session_limit
+from agents.memory.session_settings import (
+    SessionSettings,
+    coerce_session_settings,
+    resolve_session_limit,
+)
 from agents.run_context import RunContextWrapper
 
 from episodic.context import boundary_messages
@@ -45,6 +49,12 @@ def session_conversation_id(session_id: str, tenant_id: str = DEFAULT_TENANT) ->
     return uuid.uuid5(SESSION_NAMESPACE, f"{tenant_id}\x00{session_id}")
 
 
+def session_settings_of(value: SessionSettings | dict[str, Any] | None) -> SessionSettings:
+    """The settings as the SDK's own sessions take them: a dict is coerced (an unknown key is
+    a ``TypeError`` naming it), nothing means the defaults."""
+    return coerce_session_settings(value) if value is not None else SessionSettings()
+
+
 class EpisodicSession(SessionABC):
     """The SDK's ``Session`` on an episodic conversation (see the module's docstring)."""
 
@@ -53,12 +63,12 @@ class EpisodicSession(SessionABC):
         session_id: str,
         store: EpisodicStore,
         *,
-        session_settings: SessionSettings | None = None,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(session_id, str):
             raise TypeError(f"session_id must be a string, not {type(session_id).__name__}")
         self.session_id = session_id
-        self.session_settings = session_settings or SessionSettings()
+        self.session_settings = session_settings_of(session_settings)
         self.store = store
         self.conversation_id = session_conversation_id(
             session_id, store.tenant_id or DEFAULT_TENANT
@@ -172,4 +182,9 @@ def _without_leading_outputs(items: list[dict[str, Any]]) -> list[dict[str, Any]
     return items[start:]
 
 
-__all__ = ["SESSION_NAMESPACE", "EpisodicSession", "session_conversation_id"]
+__all__ = [
+    "SESSION_NAMESPACE",
+    "EpisodicSession",
+    "session_conversation_id",
+    "session_settings_of",
+]

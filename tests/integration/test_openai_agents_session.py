@@ -283,3 +283,10 @@ async def test_the_runners_compaction_hook_records_the_turns_usage(
     assert head.due_reason == "context_pressure"  # the worker is woken; nothing summarized
     events = await store.read_events(session.conversation_id)
     assert [e.kind for e in events] == ["message", "message", "usage"]
+
+
+async def test_settings_are_taken_as_the_sdks_own_sessions_take_them(store: EpisodicStore) -> None:
+    assert EpisodicSession("s", store).session_settings == SessionSettings()
+    assert EpisodicSession("s", store, session_settings={"limit": 2}).session_settings.limit == 2
+    with pytest.raises(TypeError, match="limitt"):
+        EpisodicSession("s", store, session_settings={"limitt": 1})

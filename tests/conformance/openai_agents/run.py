@@ -1,15 +1,18 @@
-"""``python -m tests.conformance.openai_agents.run``: the OpenAI Agents SDK's own runtime tests,
-run against :class:`~episodic.integrations.openai_agents.EpisodicSession`.
+"""``python -m tests.conformance.openai_agents.run``: the OpenAI Agents SDK's own tests, run
+against :class:`~episodic.integrations.openai_agents.EpisodicSession`.
 
 The SDK's source distribution (from the package index, never committed here) ships its tests.
 Its ``tests/utils/simple_session.py``, the in-memory session 25+ of its runtime test files
 use, is replaced by ``simple_session.py`` beside this file, a subclass of our session on a
 real store; then the SDK's runtime files (:data:`FILES`) run, on SQLite and on PostgreSQL
 (the server of ``EPISODIC_TEST_DATABASE_URL``, on a database made for the run and dropped
-after). Every instance of our session notes the test that made it: the run fails unless
-every test passed but the deselected ones (:data:`DESELECTED`, each with its reason), at
-least :data:`MIN_PASSED` did, and at least :data:`MIN_CASES` distinct tests went through
-episodic, so a silent fallback to a list-backed double cannot pass.
+after). Then its backend session tests (:data:`BACKEND_FILES`, written for its
+``SQLiteSession`` and ``SQLAlchemySession``) run with those names imported from
+``backend_sessions.py``, EpisodicSessions too. Every instance of our session notes the test
+that made it: each run fails unless every test passed but the deselected ones
+(:data:`DESELECTED`, :data:`BACKEND_DESELECTED`, each with its reason), enough of them did,
+and enough distinct tests went through episodic, so a silent fallback to a list-backed
+double cannot pass.
 """
 
 from __future__ import annotations
@@ -90,6 +93,107 @@ DESELECTED = {
 MIN_PASSED = 1_400
 MIN_CASES = 600
 
+#: The SDK's backend session tests (its SQLiteSession and SQLAlchemySession files, their
+#: imports pointed at backend_sessions.py): what they check of the SDK's own implementations.
+_THREADS = (
+    "SQLiteSession's worker-thread connections, file locks and write lock: EpisodicSession "
+    "holds no connection, thread or lock of its own (the store's pool and the database do)"
+)
+_CLOSE = (
+    "SQLiteSession.close(): EpisodicSession holds no connection to close, so nothing is "
+    "refused after it"
+)
+_CORRUPT = (
+    "writes corrupt rows into the SDK's own tables with raw SQL: episodic's log holds only "
+    "what validation accepted, and no other table is read"
+)
+_SPIES = (
+    "injects failures into, or spies on, the SDK's own transactions and their rollback and "
+    "cancellation handling (episodic's twin: tests/contract/test_retractions.py and the "
+    "reliability battery)"
+)
+_ENGINE = (
+    "reads SQLAlchemySession's engine, session factory, table-creation lock or SQLite "
+    "configuration registry, which EpisodicSession does not have"
+)
+_TIES = (
+    "inserts rows with equal timestamps into the SDK's tables: episodic orders by seq, "
+    "never by time (tests/integration/test_openai_agents_session.py checks the order)"
+)
+_ASCII = "the SDK's JSON storage format (ensure_ascii): episodic stores items as they came"
+_WINDOW = (
+    "expects get_items(limit=2) to return a function_call_output whose call is outside the "
+    "window (the Runner drops it later): EpisodicSession never returns an output without its "
+    "call"
+)
+BACKEND_DESELECTED = {
+    "tests/memory/test_session.py::test_sqlite_session_close_closes_worker_thread_connections": _THREADS,  # noqa: E501
+    "tests/memory/test_session.py::test_sqlite_session_reaps_connections_from_exited_worker_threads": _THREADS,  # noqa: E501
+    "tests/memory/test_session.py::test_sqlite_session_closes_retired_connections_before_the_next_allocation": _THREADS,  # noqa: E501
+    "tests/memory/test_session.py::test_sqlite_session_keeps_connections_of_live_worker_threads": _THREADS,  # noqa: E501
+    "tests/memory/test_session.py::test_sqlite_session_file_lock_is_shared_across_instances": _THREADS,  # noqa: E501
+    "tests/memory/test_session.py::test_sqlite_session_failed_add_items_releases_write_lock": _THREADS,  # noqa: E501
+    "tests/memory/test_session.py::test_sqlite_session_failed_pop_item_releases_write_lock": _THREADS,  # noqa: E501
+    "tests/memory/test_session.py::test_sqlite_session_rollback_failure_evicts_connection": _THREADS,  # noqa: E501
+    "tests/memory/test_session.py::test_sqlite_session_close_retries_quarantined_connection": _THREADS,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_sqlite_fallback_reserves_writer_before_tail_claim": _THREADS,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_add_items_waits_for_transient_sqlite_write_lock": _THREADS,  # noqa: E501
+    "tests/memory/test_session.py::test_sqlite_session_closed_rejects_empty_add_items": _CLOSE,
+    "tests/memory/test_session.py::test_sqlite_session_pop_item_skips_corrupt_most_recent": _CORRUPT,  # noqa: E501
+    "tests/memory/test_session.py::test_sqlite_session_pop_item_returns_none_after_dropping_only_corrupt_rows": _CORRUPT,  # noqa: E501
+    "tests/memory/test_session.py::test_sqlite_session_get_items_limit_skips_corrupt_newest_rows": _CORRUPT,  # noqa: E501
+    "tests/memory/test_session.py::test_sqlite_session_get_items_session_settings_limit_skips_corrupt_rows": _CORRUPT,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_pop_item_skips_corrupt_most_recent": _CORRUPT,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_get_items_limit_skips_corrupt_newest_rows": _CORRUPT,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_pop_item_returns_none_after_dropping_only_corrupt_rows": _CORRUPT,  # noqa: E501
+    "tests/memory/test_session.py::test_sqlite_session_failed_clear_session_rolls_back": _SPIES,
+    "tests/memory/test_session.py::test_sqlite_session_post_commit_cancellation_propagates_after_known_outcome[add]": _SPIES,  # noqa: E501
+    "tests/memory/test_session.py::test_sqlite_session_post_commit_cancellation_propagates_after_known_outcome[pop]": _SPIES,  # noqa: E501
+    "tests/memory/test_session.py::test_sqlite_session_post_commit_cancellation_propagates_after_known_outcome[clear]": _SPIES,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_pop_item_supports_unknown_delete_rowcount": _SPIES,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_pop_item_retries_returning_claim_lost_to_concurrent_delete": _SPIES,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_mutation_cancellation_waits_for_transaction_exit[add]": _SPIES,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_mutation_cancellation_waits_for_transaction_exit[pop]": _SPIES,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_mutation_cancellation_waits_for_transaction_exit[clear]": _SPIES,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_add_items_concurrent_first_access_across_from_url_sessions": _ENGINE,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_add_items_concurrent_first_access_across_from_url_sessions_cross_loop": _ENGINE,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_add_items_concurrent_first_access_with_shared_session_cross_loop": _ENGINE,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_add_items_cancelled_waiter_does_not_strand_table_init_lock": _ENGINE,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_create_tables_false_does_not_allocate_shared_init_lock": _ENGINE,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_engine_property_from_url": _ENGINE,
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_engine_property_from_external_engine": _ENGINE,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_engine_property_is_read_only": _ENGINE,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_sqlite_configuration_registry_releases_collected_engines": _ENGINE,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_sqlite_configuration_registry_does_not_grow_unbounded": _ENGINE,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_get_items_same_timestamp_consistent_order": _TIES,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_pop_item_same_timestamp_returns_latest": _TIES,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_get_items_orders_by_id_for_ties": _TIES,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_sqlalchemy_session_defaults_to_escaped_non_ascii_storage": _ASCII,  # noqa: E501
+    "tests/extensions/memory/test_sqlalchemy_session.py::test_sqlalchemy_session_can_store_non_ascii_without_escaping": _ASCII,  # noqa: E501
+    "tests/memory/test_session_limit.py::test_session_limit_drops_unmatched_history_function_call_output[run]": _WINDOW,  # noqa: E501
+    "tests/memory/test_session_limit.py::test_session_limit_drops_unmatched_history_function_call_output[run_sync]": _WINDOW,  # noqa: E501
+    "tests/memory/test_session_limit.py::test_session_limit_drops_unmatched_history_function_call_output[run_streamed]": _WINDOW,  # noqa: E501
+}
+#: The backend files, and the imports pointed at backend_sessions.py.
+BACKEND_FILES = {
+    "tests/memory/test_session.py": (
+        "from agents import Agent, RunConfig, Runner, SessionSettings, SQLiteSession, "
+        "TResponseInputItem",
+        "from agents import Agent, RunConfig, Runner, SessionSettings, TResponseInputItem\n"
+        "from tests.utils.episodic_backends import SQLiteSession",
+    ),
+    "tests/extensions/memory/test_sqlalchemy_session.py": (
+        "from agents.extensions.memory.sqlalchemy_session import SQLAlchemySession",
+        "from tests.utils.episodic_backends import SQLAlchemySession",
+    ),
+    "tests/memory/test_session_limit.py": (
+        "from agents import Agent, RunConfig, SQLiteSession",
+        "from agents import Agent, RunConfig\n"
+        "from tests.utils.episodic_backends import SQLiteSession",
+    ),
+}
+MIN_BACKEND_PASSED = 60
+
 
 def fetch_sdk(workdir: Path) -> Path:
     """The SDK's source distribution, downloaded and unpacked into ``workdir``."""
@@ -103,6 +207,15 @@ def fetch_sdk(workdir: Path) -> Path:
         tar.extractall(workdir, filter="data")
     (source,) = (p for p in workdir.iterdir() if p.is_dir() and p.name.startswith("openai_agents"))
     shutil.copyfile(HERE / "simple_session.py", source / "tests" / "utils" / "simple_session.py")
+    shutil.copyfile(
+        HERE / "backend_sessions.py", source / "tests" / "utils" / "episodic_backends.py"
+    )
+    for name, (old, new) in BACKEND_FILES.items():
+        path = source / name
+        text = path.read_text(encoding="utf-8")
+        if text.count(old) != 1:
+            raise SystemExit(f"{name}: the import to point at episodic is not there: {old!r}")
+        path.write_text(text.replace(old, new), encoding="utf-8")
     return source
 
 
@@ -122,8 +235,18 @@ async def _admin(server: str, sql: str) -> None:
         await conn.close()
 
 
-def run_suite(source: Path, url: str, label: str, workdir: Path) -> tuple[int, int]:
-    """Run the SDK's files on ``url``; (passed, distinct tests through episodic)."""
+def run_suite(
+    source: Path,
+    url: str,
+    label: str,
+    workdir: Path,
+    *,
+    files: tuple[str, ...],
+    deselected: dict[str, str],
+    min_passed: int,
+    min_cases: int,
+) -> tuple[int, int]:
+    """Run the SDK's ``files`` on ``url``; (passed, distinct tests through episodic)."""
     cases = workdir / f"cases-{label}.txt"
     cases.unlink(missing_ok=True)
     env = {
@@ -132,10 +255,9 @@ def run_suite(source: Path, url: str, label: str, workdir: Path) -> tuple[int, i
         "EPISODIC_CONFORMANCE_CASES": str(cases),
         "PYTHONPATH": os.pathsep.join([str(source / "src"), str(ROOT)]),
     }
-    deselect = [arg for test in DESELECTED for arg in ("--deselect", test)]
+    deselect = [arg for test in deselected for arg in ("--deselect", test)]
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         *deselect, *FILES],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *deselect, *files],
         cwd=source, env=env, capture_output=True, text=True,
     )  # fmt: skip
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
@@ -144,19 +266,32 @@ def run_suite(source: Path, url: str, label: str, workdir: Path) -> tuple[int, i
     }
     through = len(set(cases.read_text().splitlines())) if cases.exists() else 0
     print(
-        f"openai-agents 0.24.0 runtime suite on {label}: {counts.get('passed', 0):,} passed, "
+        f"openai-agents 0.24.0 {label}: {counts.get('passed', 0):,} passed, "
         f"{counts.get('failed', 0)} failed, {counts.get('deselected', 0)} deselected; "
         f"{through:,} tests went through EpisodicSession"
     )
     if done.returncode != 0:
         print(done.stdout[-6_000:], done.stderr[-2_000:], sep="\n")
-        raise SystemExit(f"the SDK's tests failed on {label}")
-    if counts.get("passed", 0) < MIN_PASSED or through < MIN_CASES:
+        raise SystemExit(f"the SDK's tests failed: {label}")
+    if counts.get("passed", 0) < min_passed or through < min_cases:
         raise SystemExit(
-            f"on {label} only {counts.get('passed', 0)} passed and {through} went through "
-            f"EpisodicSession (want at least {MIN_PASSED} and {MIN_CASES})"
+            f"{label}: only {counts.get('passed', 0)} passed and {through} went through "
+            f"EpisodicSession (want at least {min_passed} and {min_cases})"
         )
     return counts["passed"], through
+
+
+def run_both(source: Path, url: str, backend: str, workdir: Path) -> None:
+    """The runtime suite, then the backend session files, on one database."""
+    run_suite(
+        source, url, f"runtime suite on {backend}", workdir,
+        files=FILES, deselected=DESELECTED, min_passed=MIN_PASSED, min_cases=MIN_CASES,
+    )  # fmt: skip
+    run_suite(
+        source, url, f"backend session tests on {backend}", workdir,
+        files=tuple(BACKEND_FILES), deselected=BACKEND_DESELECTED,
+        min_passed=MIN_BACKEND_PASSED, min_cases=MIN_BACKEND_PASSED,
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,14 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     print("deselected, each with its reason:")
-    for test, reason in DESELECTED.items():
+    for test, reason in {**DESELECTED, **BACKEND_DESELECTED}.items():
         print(f"  {test}: {reason}")
     with tempfile.TemporaryDirectory(prefix="episodic-sdk-") as tmp:
         workdir = Path(tmp)
         source = fetch_sdk(workdir)
         sqlite = f"sqlite+aiosqlite:///{workdir / 'conformance.db'}"
         asyncio.run(_migrate(sqlite))
-        run_suite(source, sqlite, "SQLite", workdir)
+        run_both(source, sqlite, "SQLite", workdir)
         if args.postgres:
             server = make_url(args.postgres)
             name = f"episodic_sdk_{uuid.uuid4().hex[:12]}"
@@ -185,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(_admin(admin, f'CREATE DATABASE "{name}"'))
             try:
                 asyncio.run(_migrate(url))
-                run_suite(source, url, "PostgreSQL", workdir)
+                run_both(source, url, "PostgreSQL", workdir)
             finally:
                 asyncio.run(_admin(admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     return 0

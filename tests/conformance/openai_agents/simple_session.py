@@ -26,7 +26,7 @@ from agents.memory.session_settings import SessionSettings
 from agents.run_context import RunContextWrapper
 
 from episodic import EpisodicStore
-from episodic.integrations.openai_agents import EpisodicSession
+from episodic.integrations.openai_agents import EpisodicSession, session_settings_of
 from episodic.settings import EpisodicSettings
 
 URL = os.environ["EPISODIC_CONFORMANCE_URL"]
@@ -39,48 +39,55 @@ SETTINGS = EpisodicSettings(_env_file=None, pool_min_size=0, pool_max_size=1)
 
 
 class ConnectedSession(EpisodicSession):
-    """An EpisodicSession that opens its store for each call, on a tenant of its own."""
+    """An EpisodicSession whose every call runs on an EpisodicSession of its own, on a store
+    opened for that call, on a tenant of its own (some tests share one session object among
+    threads, each with its loop: nothing a call uses is kept on the shared object)."""
 
-    def __init__(self, session_id: str, tenant: str, settings: SessionSettings | None) -> None:
+    def __init__(
+        self, session_id: str, tenant: str, settings: SessionSettings | dict[str, Any] | None
+    ) -> None:
         self.session_id = session_id
-        self.session_settings = settings
+        self.session_settings = session_settings_of(settings)
         self._tenant = tenant
         self._pending: list[TResponseInputItem] = []
         self._view: list[TResponseInputItem] = []
 
     @asynccontextmanager
-    async def _connected(self, *, refresh: bool = False) -> AsyncIterator[None]:
+    async def _connected(self, *, refresh: bool = False) -> AsyncIterator[EpisodicSession]:
         """The session on a store opened for this call (and, first, the history given to
         the constructor, appended like any items); ``refresh``: the view copied after."""
         store = await EpisodicStore.open(URL, settings=SETTINGS)
         try:
-            settings = self.session_settings  # a test may have set its own
-            EpisodicSession.__init__(self, self.session_id, store.for_tenant(self._tenant))
-            self.session_settings = settings
+            session = EpisodicSession(
+                self.session_id,
+                store.for_tenant(self._tenant),
+                session_settings=self.session_settings,  # a test may have set its own
+            )
+            session.session_settings = self.session_settings
             if self._pending:
                 pending, self._pending = self._pending, []
-                await EpisodicSession.add_items(self, pending)
-            yield
+                await session.add_items(pending)
+            yield session
             if refresh:
-                self._view[:] = await EpisodicSession.get_items(self)
+                self._view[:] = await session.get_items()
         finally:
             await store.close()
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
-        async with self._connected():
-            return await EpisodicSession.get_items(self, limit)
+        async with self._connected() as session:
+            return await session.get_items(limit)
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
-        async with self._connected(refresh=True):
-            await EpisodicSession.add_items(self, [cast(Any, dict(item)) for item in items])
+        async with self._connected(refresh=True) as session:
+            await session.add_items([cast(Any, dict(item)) for item in items])
 
     async def pop_item(self) -> TResponseInputItem | None:
-        async with self._connected(refresh=True):
-            return await EpisodicSession.pop_item(self)
+        async with self._connected(refresh=True) as session:
+            return await session.pop_item()
 
     async def clear_session(self) -> None:
-        async with self._connected(refresh=True):
-            await EpisodicSession.clear_session(self)
+        async with self._connected(refresh=True) as session:
+            await session.clear_session()
 
     async def run_compaction(
         self,
@@ -88,8 +95,8 @@ class ConnectedSession(EpisodicSession):
         *,
         wrapper: RunContextWrapper[Any] | None = None,
     ) -> None:
-        async with self._connected():
-            await EpisodicSession.run_compaction(self, args, wrapper=wrapper)
+        async with self._connected() as session:
+            await session.run_compaction(args, wrapper=wrapper)
 
 
 class SimpleListSession(ConnectedSession):
