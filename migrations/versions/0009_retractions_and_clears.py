@@ -12,6 +12,10 @@ its cut, only if the head is still where the plan saw it, like ``episodic_write_
 episodic/store/schema.py.)
 """
 
+import importlib.util
+from pathlib import Path
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -21,12 +25,22 @@ down_revision: str | None = "0008_coalesced_appends"
 KINDS = "('message', 'boundary', 'run_completed', 'retraction', 'clear', 'usage')"
 EARLIER_KINDS = "('message', 'boundary', 'run_completed')"
 CONSTRAINT = "ck_episodic_events_kind"
+
+
+def _load_revision(filename: str) -> Any:
+    path = Path(__file__).with_name(filename)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 #: SQLite copies the table to change a constraint, which drops its indexes and triggers:
-#: these are put back as revisions 0001 and 0003 made them.
-PARTIAL_KEYS = (
-    ("idempotency_key", "uq_episodic_events_conversation_id_idempotency_key"),
-    ("client_id", "uq_episodic_events_conversation_id_client_id"),
-)
+#: they are put back as revision 0003 made them (its keys and its trigger restore).
+_THIRD = _load_revision("0003_partial_unique_keys.py")
+PARTIAL_KEYS: tuple[tuple[str, str], ...] = _THIRD.KEYS
 
 WRITE_EVENT = """
 CREATE FUNCTION episodic_write_event(
@@ -125,10 +139,4 @@ def _kinds(kinds: str) -> None:
             unique=True,
             sqlite_where=condition,
         )
-    for operation in ("UPDATE", "DELETE"):
-        op.execute(f"DROP TRIGGER IF EXISTS episodic_events_no_{operation.lower()}")
-        op.execute(
-            f"CREATE TRIGGER episodic_events_no_{operation.lower()} BEFORE {operation} "
-            "ON episodic_events BEGIN SELECT RAISE(ABORT, "
-            f"'episodic_events is append-only: {operation} is not allowed'); END"
-        )
+    _THIRD._restore_sqlite_triggers()
