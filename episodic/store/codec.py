@@ -296,10 +296,11 @@ def decode_tail(
     with collection_paused():
         for row in rows:
             kind = row[1]
-            if kind == "retraction":
-                # Always after the message it takes back (the newest in view then).
-                retracted.add(orjson.loads(row[4])["retracted_seq"])
             if events is None and kind in _NOT_IN_CONTEXT:
+                # A retraction always comes after the message it takes back (the newest in
+                # view then): note its target, and drop the target at the end.
+                if kind == "retraction":
+                    retracted.add(loads(row[4])["retracted_seq"])
                 continue
             if row[2] != seconds:
                 seconds = row[2]
@@ -320,6 +321,8 @@ def decode_tail(
                 messages.append(event.message)
             elif isinstance(event, BoundaryEvent) and event.seq == boundary_seq:
                 boundary = event
+            elif isinstance(event, RetractionEvent):
+                retracted.add(event.retracted_seq)
             if events is not None:
                 events.append(event)
     if retracted:
