@@ -63,7 +63,6 @@ class ConnectedSession(EpisodicSession):
                 store.for_tenant(self._tenant),
                 session_settings=self.session_settings,  # a test may have set its own
             )
-            session.session_settings = self.session_settings
             if self._pending:
                 pending, self._pending = self._pending, []
                 await session.add_items(pending)
