@@ -107,7 +107,16 @@ def _boundary_user(text: str, seq: int | None, created_at: Any, token_estimate: 
 
 
 def boundary_messages(boundary: BoundaryEvent) -> list[Message]:
-    """The handoff and the retained user messages a boundary contributes."""
+    """The handoff and the retained user messages a boundary contributes (or, for a
+    framework's own compaction, its items)."""
+    if boundary.handoff_items is not None:
+        estimates = boundary.handoff_token_estimates
+        if len(estimates) != len(boundary.handoff_items):
+            estimates = (0,) * len(boundary.handoff_items)
+        return [
+            Message.from_responses_item(item).model_copy(update={"token_estimate": tokens})
+            for item, tokens in zip(boundary.handoff_items, estimates, strict=True)
+        ]
     retained_tokens = boundary.retained_token_estimates
     if len(retained_tokens) != len(boundary.retained):
         retained_tokens = (0,) * len(boundary.retained)

@@ -77,7 +77,9 @@ def describe_event(event: StoredEvent) -> str:
         abandoned = ", ".join(event.abandoned_tool_call_ids) or "none"
         return f"run completed; abandoned calls: {abandoned}"
     if isinstance(event, BoundaryEvent):
-        return f"boundary through seq {event.covers_through_seq} ({event.reason}): {event.summary}"
+        items = event.handoff_items
+        label = event.reason if items is None else f"{event.reason}, {len(items)} handoff items"
+        return f"boundary through seq {event.covers_through_seq} ({label}): {event.summary}"
     if isinstance(event, RetractionEvent):
         return f"retracted seq {event.retracted_seq}"
     if isinstance(event, UsageEvent):

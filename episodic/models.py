@@ -557,6 +557,13 @@ class BoundaryEvent(_EventBase):
     prompt_version: str | None = None
     tokens_before: int | None = None
     tokens_after: int | None = None
+    #: A framework's own compaction, kept as it gave it (OpenAI's ``responses.compact`` run
+    #: by the Agents SDK's ``OpenAIResponsesCompactionSession``): when set, the context
+    #: starts with these Responses-API items, in place of ``summary`` (then their rendering
+    #: for people) and ``retained``.
+    handoff_items: tuple[dict[str, JsonValue], ...] | None = None
+    #: the estimate of each of ``handoff_items``; ``token_estimate`` is their sum
+    handoff_token_estimates: tuple[int, ...] = ()
 
 
 class RetractionEvent(_EventBase):

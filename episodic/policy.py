@@ -101,6 +101,37 @@ def safe_cut(events: Sequence[StoredEvent]) -> int:
     return cut
 
 
+def resting_cut(events: Sequence[StoredEvent]) -> int:
+    """The latest safe cut that leaves a run still in progress out, 0 when there is none:
+    what the compaction worker covers through.
+
+    A run is at rest once the newest message in view is an answer (an assistant message
+    with text and no tool calls) or a run completion follows it. Otherwise the run that the
+    newest user message began is still going (its agent may be waiting on a tool or on the
+    model right now), so the cut stays before that message; and when no user message is in
+    view, before anything in view (the run began before the latest cut).
+    """
+    newest_user: int | None = None
+    at_rest = True
+    first: int | None = None
+    for event in in_view(events):
+        if isinstance(event, RunCompletedEvent):
+            at_rest = True
+        elif isinstance(event, MessageEvent):
+            first = event.seq if first is None else first
+            message = event.message
+            if message.role == "user":
+                newest_user = event.seq
+            if message.role != "system":
+                at_rest = (
+                    message.role == "assistant" and not message.tool_calls and bool(message.text)
+                )
+    if at_rest:
+        return safe_cut(events)
+    start = newest_user if newest_user is not None else first
+    return safe_cut_at_or_before(events, start - 1) if start is not None else safe_cut(events)
+
+
 def safe_cut_at_or_before(events: Sequence[StoredEvent], seq: int) -> int:
     """The latest safe cut not after ``seq``: an unsafe requested cut moves earlier."""
     cut = 0
@@ -171,6 +202,7 @@ __all__ = [
     "age_in_days",
     "episodic_compaction_trigger",
     "open_tool_calls",
+    "resting_cut",
     "safe_cut",
     "safe_cut_at_or_before",
 ]

@@ -9,7 +9,9 @@ as any tool result. ``get_items`` returns the compacted view: after a boundary, 
 came. ``pop_item`` is a retraction and ``clear_session`` a clear (``EpisodicStore.retract_last``
 and ``clear``): the log keeps everything, the view changes. ``get_full_history`` pages the
 whole log. ``run_compaction``, which the Runner awaits after each saved turn, records the
-turn's usage for the pressure signal and leaves the summary to the worker.
+turn's usage for the pressure signal and leaves the summary to the worker. Wrapped in the
+SDK's ``OpenAIResponsesCompactionSession``, the session gives it the suffix-snapshot hook its
+own stores have, and the SDK's compaction is appended as a boundary, never a deletion.
 
 Any string is a session id: it names one conversation per tenant (a UUID derived from the
 tenant and the id), created by the first write; reading a session never written returns
@@ -19,13 +21,18 @@ tenant and the id), created by the first write; reading a session never written 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 from uuid import UUID
 
 from agents.items import TResponseInputItem
-from agents.memory.session import OpenAIResponsesCompactionArgs, SessionABC
+from agents.memory.session import (
+    OpenAIResponsesCompactionArgs,
+    SessionABC,
+    _CompactionSnapshot,
+)
 from agents.memory.session_settings import (
     SessionSettings,
     coerce_session_settings,
@@ -34,10 +41,14 @@ from agents.memory.session_settings import (
 from agents.run_context import RunContextWrapper
 
 from episodic.context import boundary_messages
-from episodic.errors import ConflictError, NotFoundError
+from episodic.errors import ConflictError, NotFoundError, UnsafeCutError
 from episodic.models import Message, MessageEvent, Usage
 from episodic.store import DEFAULT_TENANT, EpisodicStore
+from episodic.store.boundaries import BoundaryRequest
 from episodic.view import in_view
+
+#: The reason of the boundaries ``OpenAIResponsesCompactionSession`` writes through the hook.
+SDK_COMPACTION_REASON = "openai_responses_compaction"
 
 #: The namespace of the conversation ids sessions map to (uuid5 of tenant and session id).
 SESSION_NAMESPACE = uuid.UUID("6f3a1c52-9a43-4f0e-8d7e-5b3f4f0a2e61")
@@ -80,15 +91,8 @@ class EpisodicSession(SessionABC):
         wanted = resolve_session_limit(limit, self.session_settings)
         if wanted is not None and wanted <= 0:
             return []
-        try:
-            context, tail = await self.store.load_context_and_tail(self.conversation_id)
-        except NotFoundError:
-            return []
-        messages: list[Message] = []
-        if context.boundary is not None:
-            messages.extend(boundary_messages(context.boundary))
-        messages.extend(e.message for e in in_view(tail) if isinstance(e, MessageEvent))
-        items = [item for message in messages for item in message.to_responses()]
+        view = await self._read_view()
+        items = view.items if view is not None else []
         if wanted is not None and len(items) > wanted:
             items = _without_leading_outputs(items[-wanted:])
         return items  # type: ignore[return-value]
@@ -167,11 +171,91 @@ class EpisodicSession(SessionABC):
                 return
             after = events[-1].seq
 
+    async def _get_compaction_snapshot(
+        self,
+        limit: int,
+        *,
+        prune_prefix: Callable[[TResponseInputItem], bool] | None = None,
+    ) -> _CompactionSnapshot | None:
+        """The SDK's hook for ``OpenAIResponsesCompactionSession``: the latest ``limit``
+        items of the view, and a ``replace_suffix(start, output)`` that, instead of deleting
+        the items from ``start`` on, appends a boundary through the newest of them whose
+        handoff is the items before ``start`` (less the leading ones ``prune_prefix``
+        expires) followed by ``output``, as given. So the view becomes what the SDK's own
+        stores make it, and the log keeps everything. The boundary is written only if the
+        log has not moved since this read (False otherwise: the SDK then keeps the history
+        as it is), nor when it would cover a call still waiting for its output."""
+        view = await self._read_view()
+        if view is None or view.covers_through_seq < 1:
+            return None
+        window = view.items[-limit:] if limit > 0 else []
+        offset = len(view.items) - len(window)
+
+        async def replace_suffix(start: int, output: list[TResponseInputItem]) -> bool:
+            if not 0 <= start < len(window):
+                return False
+            kept = view.items[: offset + start]
+            while kept and prune_prefix is not None and prune_prefix(cast(Any, kept[0])):
+                kept = kept[1:]
+            return await self._write_compaction(view, [*kept, *(dict(i) for i in output)])
+
+        return _CompactionSnapshot(cast(Any, window), offset == 0, replace_suffix)
+
+    async def _write_compaction(self, view: _View, handoff: list[dict[str, Any]]) -> bool:
+        """The boundary ``replace_suffix`` appends: through the newest message of ``view``,
+        starting the view with ``handoff``; False when the log moved since ``view`` was
+        read, or the cut would leave a call waiting."""
+        request = BoundaryRequest(
+            summary="",
+            handoff_items=handoff,
+            covers_through_seq=view.covers_through_seq,
+            reason=SDK_COMPACTION_REASON,
+            expected_boundary_seq=view.boundary_seq,
+            expected_last_seq=view.last_seq,
+        )
+        try:
+            await self.store.write_boundary(self.conversation_id, request)
+        except (ConflictError, UnsafeCutError):
+            return False
+        return True
+
+    async def _read_view(self) -> _View | None:
+        """The compacted view as items, with where the log stood when it was read; None for
+        a session never written."""
+        try:
+            context, tail = await self.store.load_context_and_tail(self.conversation_id)
+        except NotFoundError:
+            return None
+        boundary = context.boundary
+        messages: list[Message] = boundary_messages(boundary) if boundary is not None else []
+        covers = boundary.covers_through_seq if boundary is not None else 0
+        for event in in_view(tail):
+            if isinstance(event, MessageEvent):
+                messages.append(event.message)
+                covers = event.seq
+        return _View(
+            items=[item for message in messages for item in message.to_responses()],
+            covers_through_seq=covers,
+            boundary_seq=boundary.seq if boundary is not None else None,
+            last_seq=context.last_seq,
+        )
+
     async def _create(self) -> None:
         with suppress(ConflictError):  # created meanwhile by a concurrent first write
             await self.store.create_conversation(
                 conversation_id=self.conversation_id, metadata={"session_id": self.session_id}
             )
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """The session's view as items, and where the log stood when it was read."""
+
+    items: list[dict[str, Any]]
+    #: the seq of the newest message in view (the boundary's cut when there is none after it)
+    covers_through_seq: int
+    boundary_seq: int | None
+    last_seq: int
 
 
 def _without_leading_outputs(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -183,6 +267,7 @@ def _without_leading_outputs(items: list[dict[str, Any]]) -> list[dict[str, Any]
 
 
 __all__ = [
+    "SDK_COMPACTION_REASON",
     "SESSION_NAMESPACE",
     "EpisodicSession",
     "session_conversation_id",

@@ -7,11 +7,13 @@ event, and computes the head that follows. Nothing here touches the database.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
+
+from pydantic import JsonValue
 
 from episodic.errors import ConflictError, LeaseLostError, UnsafeCutError, ValidationError
 from episodic.models import (
@@ -24,7 +26,7 @@ from episodic.models import (
     Usage,
 )
 from episodic.policy import EpisodicCompactionPressure
-from episodic.rendering import context_token_estimate
+from episodic.rendering import context_token_estimate, render_transcript
 from episodic.store.checks import MAX_SEQ, check_int, check_text, checked_usage
 from episodic.store.codec import encode_json
 from episodic.store.due import pressure_from
@@ -35,6 +37,8 @@ from episodic.view import in_view
 RETENTION_MODES: tuple[RetentionMode, ...] = ("recent_user_messages", "recent_turns")
 #: The longest reason, model name and prompt version a boundary records.
 MAX_LABEL_LENGTH = 512
+#: The characters of a framework's handoff items rendered as a boundary's summary.
+MAX_HANDOFF_RENDERING = 4_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +61,17 @@ class BoundaryRequest:
     tokens_before: int | None = None
     #: the pressure the boundary is written under (as given, else the head's when written)
     pressure: EpisodicCompactionPressure | None = None
+    #: A framework's own compaction (Responses-API items, kept as given) that the context
+    #: starts with instead of the summary and retained texts; ``summary`` may then be empty
+    #: (it becomes the items' rendering, for people).
+    handoff_items: Sequence[Mapping[str, Any]] | None = None
+    #: Write only if the log still ends at this seq (a :class:`ConflictError` otherwise): for
+    #: a caller that replaces exactly what it read, as a framework's compaction does.
+    expected_last_seq: int | None = None
 
     def __post_init__(self) -> None:
+        if self.handoff_items is not None:
+            self._check_handoff_items()
         if not isinstance(self.summary, str) or not self.summary.strip():
             raise ValidationError("a boundary needs a non-empty summary", field="summary")
         encode_json(self.summary, what="summary")
@@ -97,18 +110,44 @@ class BoundaryRequest:
             )
         if self.usage is not None:
             object.__setattr__(self, "usage", checked_usage(self.usage))
+        if self.expected_last_seq is not None:
+            check_int(self.expected_last_seq, field="expected_last_seq", low=0, high=MAX_SEQ)
+
+    def _check_handoff_items(self) -> None:
+        items: object = self.handoff_items
+        if isinstance(items, str | bytes | Mapping) or not isinstance(items, Sequence):
+            raise ValidationError(
+                "handoff_items must be a list of Responses-API items", field="handoff_items"
+            )
+        if self.retained:
+            raise ValidationError(
+                "retained texts go with a summary; a framework's compaction puts everything "
+                "it keeps in handoff_items",
+                field="retained",
+            )
+        # Each must read as a message, as it will on every load behind the boundary.
+        messages = [Message.from_responses_item(item) for item in items]
+        object.__setattr__(self, "handoff_items", tuple(dict(item) for item in items))
+        if not isinstance(self.summary, str) or not self.summary.strip():
+            rendered = render_transcript(messages) if messages else "(an empty compaction)"
+            if len(rendered) > MAX_HANDOFF_RENDERING:  # for people only: the items are kept
+                rendered = rendered[:MAX_HANDOFF_RENDERING] + " [...]"
+            object.__setattr__(self, "summary", rendered)
 
     def check_size(self, max_summary_bytes: int) -> None:
-        """The summary takes the place of messages in the context, so it is held to the
-        limit on a message (``EPISODIC_MAX_MESSAGE_BYTES``)."""
-        size = len(encode_json(self.summary, what="summary").encode("utf-8"))
-        if size > max_summary_bytes:
-            raise ValidationError(
-                f"the summary is {size:,} bytes encoded, over the limit of "
-                f"{max_summary_bytes:,} bytes (EPISODIC_MAX_MESSAGE_BYTES); write a shorter "
-                "summary, or raise the limit",
-                field="summary",
-            )
+        """The summary (and each handoff item) takes the place of messages in the context,
+        so it is held to the limit on a message (``EPISODIC_MAX_MESSAGE_BYTES``)."""
+        texts: list[tuple[str, object]] = [("summary", self.summary)]
+        texts += [("handoff_items", item) for item in self.handoff_items or ()]
+        for field_name, value in texts:
+            size = len(encode_json(value, what=field_name).encode("utf-8"))
+            if size > max_summary_bytes:
+                raise ValidationError(
+                    f"the {field_name.replace('_', ' ')} is {size:,} bytes encoded, over the "
+                    f"limit of {max_summary_bytes:,} bytes (EPISODIC_MAX_MESSAGE_BYTES); write "
+                    "a shorter one, or raise the limit",
+                    field=field_name,
+                )
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,13 +192,31 @@ def plan_boundary(
             expected_seq=request.expected_boundary_seq,
             actual_seq=counters.boundary_seq,
         )
+    if request.expected_last_seq is not None and counters.last_seq != request.expected_last_seq:
+        raise ConflictError(
+            f"conversation {conversation_id} ends at seq {counters.last_seq}, not the expected "
+            f"{request.expected_last_seq}: it changed since it was read. Nothing was written.",
+            conversation_id=conversation_id,
+            expected_seq=request.expected_last_seq,
+            actual_seq=counters.last_seq,
+        )
     _check_cut(conversation_id, request.covers_through_seq, counters, tail)
 
-    retained_tokens = tuple(
-        context_token_estimate(Message.user(text), estimator) for text in request.retained
-    )
-    token_estimate = context_token_estimate(Message.user(request.summary), estimator)
-    token_estimate += sum(retained_tokens)
+    handoff_items = request.handoff_items
+    handoff_tokens: tuple[int, ...] = ()
+    if handoff_items is not None:
+        handoff_tokens = tuple(
+            context_token_estimate(Message.from_responses_item(item), estimator)
+            for item in handoff_items
+        )
+        retained_tokens: tuple[int, ...] = ()
+        token_estimate = sum(handoff_tokens)
+    else:
+        retained_tokens = tuple(
+            context_token_estimate(Message.user(text), estimator) for text in request.retained
+        )
+        token_estimate = context_token_estimate(Message.user(request.summary), estimator)
+        token_estimate += sum(retained_tokens)
     seq = counters.last_seq + 1
     draft = BoundaryEvent(
         conversation_id=conversation_id,
@@ -183,6 +240,8 @@ def plan_boundary(
         model=request.model,
         prompt_version=request.prompt_version,
         tokens_before=request.tokens_before,
+        handoff_items=cast(tuple[dict[str, JsonValue], ...] | None, handoff_items),
+        handoff_token_estimates=handoff_tokens,
     )
     after = counters.after_boundary(draft, tail)
     event = draft.model_copy(update={"tokens_after": after.context_tokens})
@@ -192,9 +251,10 @@ def plan_boundary(
 
 
 def _payload(event: BoundaryEvent) -> str:
-    body: dict[str, Any] = event.model_dump(
-        mode="json", exclude={"conversation_id", "seq", "created_at", "token_estimate", "kind"}
-    )
+    envelope = {"conversation_id", "seq", "created_at", "token_estimate", "kind"}
+    if event.handoff_items is None:  # the worker's boundaries: no bytes for what they lack
+        envelope |= {"handoff_items", "handoff_token_estimates"}
+    body: dict[str, Any] = event.model_dump(mode="json", exclude=envelope)
     return encode_json(body, what="boundary")
 
 

@@ -249,6 +249,9 @@ def boundary_from_payload(
     values = {**_BOUNDARY_DEFAULTS, **{k: v for k, v in body.items() if k in _BOUNDARY_FIELDS}}
     values["retained"] = tuple(values["retained"])
     values["retained_token_estimates"] = tuple(values["retained_token_estimates"])
+    values["handoff_token_estimates"] = tuple(values["handoff_token_estimates"])
+    if values["handoff_items"] is not None:
+        values["handoff_items"] = tuple(values["handoff_items"])
     if "pressure" not in values:
         values["pressure"] = {}
     if values["usage"] is not None:

@@ -21,7 +21,7 @@ from episodic.compaction import (
 )
 from episodic.context import compose_context, tail_messages
 from episodic.errors import ConflictError, LeaseLostError
-from episodic.policy import safe_cut
+from episodic.policy import resting_cut
 from episodic.store import EpisodicStore
 from episodic.store.attempts import AttemptEnd, AttemptOutcome, AttemptRecord, Claim
 from episodic.store.boundaries import BoundaryRequest
@@ -92,7 +92,7 @@ async def compact_claimed(
         tokens_before = context.estimated_tokens
         record = replace(record, tokens_before=tokens_before)
         covers = context.boundary.covers_through_seq if context.boundary is not None else 0
-        cut = safe_cut(tail)
+        cut = resting_cut(tail)  # never into a run still in progress
         if cut <= covers:
             return await _end(
                 store, claim, record, "nothing_to_compact", AttemptEnd(clear_due=True)

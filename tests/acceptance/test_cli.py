@@ -332,7 +332,10 @@ async def test_worker_status_and_compact_commands(populated: Populated, workdir:
     store = await EpisodicStore.open(populated.url, settings=isolated_settings())
     try:
         store.trigger = store.trigger.model_copy(update={"trigger_unfinished_turns": 1})
-        await store.append(populated.conversation_id, [Message.user("and the docs, please")])
+        await store.append(
+            populated.conversation_id,
+            [Message.user("and the docs, please"), Message.assistant("Docs updated.")],
+        )
     finally:
         await store.close()
 

@@ -19,7 +19,7 @@ from uuid import uuid4
 import pytest
 
 from episodic import BoundaryRequest, EpisodicStore, Message, ToolCall, Usage
-from episodic.errors import ValidationError
+from episodic.errors import ConflictError, ValidationError
 from episodic.models import MAX_TOKEN_COUNT, messages_from_openai
 from tests.conftest import isolated_settings
 from tests.support import snapshot
@@ -256,6 +256,11 @@ async def test_append_refuses_a_surrogate_key_nested_in_metadata(
         {"prompt_version": "v\ud800"},
         {"lease_token": "not-a-uuid"},
         {"lease_token": str(uuid4())},
+        {"handoff_items": "a compaction"},
+        {"handoff_items": [{"content": "no type, no role"}]},
+        {"handoff_items": [{"role": "user", "content": "x"}], "retained": ["y"]},
+        {"handoff_items": [{"type": "compaction", "encrypted_content": "\ud800"}]},
+        {"expected_last_seq": -1},
     ],
     ids=[
         "covers-2**64",
@@ -274,6 +279,11 @@ async def test_append_refuses_a_surrogate_key_nested_in_metadata(
         "prompt_version-surrogate",
         "lease_token-str",
         "lease_token-uuid-text",
+        "handoff_items-str",
+        "handoff_items-untyped",
+        "handoff_items-with-retained",
+        "handoff_items-surrogate",
+        "expected_last_seq-negative",
     ],
 )
 async def test_write_boundary_refuses_bad_arguments(
@@ -290,6 +300,26 @@ async def test_write_boundary_refuses_bad_arguments(
         **bad,
     }
     await refused_and_unchanged(url, lambda: store.write_boundary(conv, BoundaryRequest(**kwargs)))
+
+
+async def test_a_boundary_that_expects_another_end_of_the_log_writes_nothing(
+    opened: tuple[EpisodicStore, str],
+) -> None:
+    store, url = opened
+    conv = await store.create_conversation()
+    await store.append(conv, [Message.user("a"), Message.user("b")])
+    before = await snapshot(url)
+    request = BoundaryRequest(
+        summary="",
+        handoff_items=[{"type": "compaction", "encrypted_content": "x"}],
+        covers_through_seq=2,
+        reason="openai_responses_compaction",
+        expected_boundary_seq=None,
+        expected_last_seq=1,
+    )
+    with pytest.raises(ConflictError, match="ends at seq 2, not the expected 1"):
+        await store.write_boundary(conv, request)
+    assert await snapshot(url) == before
 
 
 async def test_write_boundary_refuses_a_summary_over_the_message_limit(

@@ -282,6 +282,27 @@ def is_safe_cut(events: Sequence[StoredEvent], cut: int) -> bool:
     return True
 
 
+def resting_limit(events: Sequence[StoredEvent], above: int = 0) -> int:
+    """The last seq the worker may cover through so that it covers no run still in
+    progress, counting the messages after ``above`` (independent of episodic.policy): the
+    log's end when its newest message is an answer (an assistant's text, no calls) or a run
+    completion follows that message; else the seq before the newest user message after
+    ``above``, or before the first message after it when there is no user message."""
+    tail = [e for e in events if e.seq > above]
+    messages = [e for e in tail if isinstance(e, MessageEvent) and e.message.role != "system"]
+    if not messages:
+        return events[-1].seq if events else 0
+    last = messages[-1]
+    answered = (
+        last.message.role == "assistant" and not last.message.tool_calls and bool(last.message.text)
+    )
+    completed = any(isinstance(e, RunCompletedEvent) and e.seq > last.seq for e in tail)
+    if answered or completed:
+        return events[-1].seq
+    users = [e.seq for e in messages if e.message.role == "user"]
+    return (users[-1] if users else messages[0].seq) - 1
+
+
 def results_crossing(events: Sequence[StoredEvent], cut: int) -> list[CallFact]:
     """Calls at or before ``cut`` whose result is stored after it (in the final log)."""
     return [
@@ -473,6 +494,7 @@ __all__ = [
     "openai_violations",
     "overflowing_ints",
     "private_database",
+    "resting_limit",
     "results_crossing",
     "seeded_script",
     "to_anthropic",

@@ -84,9 +84,10 @@ async def pool(postgres_url: str) -> AsyncIterator[asyncpg.Pool]:
 
 
 async def _seed(store: EpisodicStore, seed: int) -> dict[UUID, int]:
-    """CONVERSATIONS conversations of 50-200 messages, appended in batches of up to 50."""
+    """CONVERSATIONS conversations of 50-200 messages, appended in batches of up to 50, each
+    ending with an answer (so its last run is at rest and a boundary may cover all of it)."""
     rng = seeded(seed)
-    sizes = [rng.randint(50, 200) for _ in range(CONVERSATIONS)]
+    sizes = [2 * rng.randint(25, 100) for _ in range(CONVERSATIONS)]
     words = ("files", "report", "sales", "deploy", "schema", "index", "lease", "worker")
     semaphore = asyncio.Semaphore(6)
 

@@ -98,6 +98,7 @@ from tests.reliability.strategies import (
     is_safe_cut,
     openai_violations,
     private_database,
+    resting_limit,
     results_crossing,
 )
 
@@ -335,8 +336,9 @@ class Model:
         """The cut a worker compacts through now, or None for nothing to compact."""
         events = self.stored_events(conversation_id)
         covers = self.covers
+        limit = resting_limit(events, above=covers)  # never into a run in progress
         cut = max(
-            (c for c in range(covers + 1, self.last_seq + 1) if is_safe_cut(events, c)),
+            (c for c in range(covers + 1, limit + 1) if is_safe_cut(events, c)),
             default=0,
         )
         if cut <= covers or not self.render(through=cut):

@@ -7,8 +7,9 @@ pending to the end, run completions that abandon what is still open, ids reused 
 answered, and compaction requested through any seq of the log, mid-call included.
 
 Two paths. (1) Pure, at CI size: the log is built in memory, a requested cut goes through
-``policy.safe_cut_at_or_before`` (a direct boundary) and ``policy.safe_cut`` over the tail (the
-worker's choice), and after every step the context is ``context.compose_context``. (2) The
+``policy.safe_cut_at_or_before`` (a direct boundary) and ``policy.resting_cut`` over the tail
+(the worker's choice: the latest safe cut that covers no run in progress), and after every
+step the context is ``context.compose_context``. (2) The
 real store, on a smaller sample on PostgreSQL and SQLite: appends, ``mark_run_completed``,
 ``write_boundary`` at the requested cut (refused with ``UnsafeCutError`` when unsafe, then
 written at the cut moved earlier) or a worker attempt (``claim_conversation`` +
@@ -23,7 +24,8 @@ providers' own SDK types, and ``to_anthropic()`` itself alternates roles, has no
 and answers every ``tool_use`` in the turn right after it, with every call and result there
 exactly once; every stored message after the cut is in the context exactly once (so the
 validators cannot pass by dropping messages); the chosen cut equals an independent oracle (the
-latest safe cut at or before the request; an unsafe request moves earlier) and never passes a
+latest safe cut at or before the request, or for the worker before a run in progress; an
+unsafe request moves earlier) and never passes a
 call pending at that moment; every boundary in the final log was safe when written and no
 later result crosses it; the store refuses every unsafe requested cut.
 
@@ -49,7 +51,7 @@ from episodic.context import Context, compose_context, tail_messages
 from episodic.errors import UnsafeCutError
 from episodic.formats.anthropic import tool_use_id
 from episodic.models import BoundaryEvent, MessageEvent, RunCompletedEvent, StoredEvent
-from episodic.policy import safe_cut, safe_cut_at_or_before
+from episodic.policy import resting_cut, safe_cut_at_or_before
 from episodic.tokens import CharHeuristic
 from episodic.worker.job import CompactionOptions, compact_claimed
 from tests.reliability.sizes import size
@@ -62,6 +64,7 @@ from tests.reliability.strategies import (
     conversation_scripts,
     is_safe_cut,
     openai_violations,
+    resting_limit,
     results_crossing,
     seeded_script,
 )
@@ -219,8 +222,9 @@ class PureLog:
             if not is_safe_cut(events, requested):
                 STATS["unsafe requests moved earlier"] += 1
         else:
-            cut = safe_cut([e for e in events if e.seq > self.covers])
-            assert cut == oracle_cut(events, last, above=self.covers), cut
+            cut = resting_cut([e for e in events if e.seq > self.covers])
+            limit = resting_limit(events, above=self.covers)
+            assert cut == oracle_cut(events, limit, above=self.covers), cut
         pending = pending_call_seqs(events)
         assert all(cut < seq for seq in pending), f"cut {cut} passes pending calls {pending}"
         if pending and cut:
@@ -406,7 +410,7 @@ async def _worker_boundary(
     claim = await store.claim_conversation(conv, "t9-worker", lease_seconds=30)
     assert claim is not None
     result = await compact_claimed(store, summarizer, claim, worker="t9-worker", options=options)
-    expected = oracle_cut(events, len(events), above=covers)
+    expected = oracle_cut(events, resting_limit(events, above=covers), above=covers)
     head = await store.get_conversation(conv)
     if result.outcome == "succeeded":
         assert head.covers_through_seq == expected > covers

@@ -144,10 +144,26 @@ ENVELOPE = {"conversation_id", "seq", "created_at", "token_estimate", "kind"}
             "prompt_version": st.none() | texts,
             "tokens_before": st.none() | st.integers(0, 10**6),
             "tokens_after": st.none() | st.integers(0, 10**6),
+            # A framework's own compaction: items in place of the summary (estimates below).
+            "handoff_items": st.none()
+            | st.lists(
+                st.builds(lambda text: {"role": "user", "content": text}, texts)
+                | st.just({"type": "compaction", "id": "cmp", "encrypted_content": "x"}),
+                max_size=3,
+            ).map(tuple),
         },
     ),
     dropped=st.sets(
-        st.sampled_from(["retained", "retained_token_estimates", "pressure", "usage", "model"])
+        st.sampled_from(
+            [
+                "retained",
+                "retained_token_estimates",
+                "pressure",
+                "usage",
+                "model",
+                "handoff_token_estimates",
+            ]
+        )
     ),
 )
 def test_a_stored_boundary_decodes_to_what_validation_builds(
@@ -173,6 +189,7 @@ def test_a_stored_boundary_decodes_to_what_validation_builds(
         reason="context_pressure",
         pressure=pressure,
         usage=usage,
+        handoff_token_estimates=tuple(range(len(optional.get("handoff_items") or ()))),
         **optional,
     )
     body = event.model_dump(mode="json", exclude=ENVELOPE)
@@ -187,6 +204,16 @@ def test_a_stored_boundary_decodes_to_what_validation_builds(
     assert type(trusted.retained) is tuple
     assert type(trusted.usage) is type(expected.usage)
     # The handoff and retained messages a load builds of it, as validation builds them.
+    if expected.handoff_items is not None:
+        assert type(trusted.handoff_items) is tuple
+        estimates = expected.handoff_token_estimates
+        if len(estimates) != len(expected.handoff_items):  # a payload without them
+            estimates = (0,) * len(expected.handoff_items)
+        assert boundary_messages(trusted) == [
+            Message.from_responses_item(item).model_copy(update={"token_estimate": n})
+            for item, n in zip(expected.handoff_items, estimates, strict=True)
+        ]
+        return
     tokens = expected.retained_token_estimates
     if len(tokens) != len(expected.retained):
         tokens = (0,) * len(expected.retained)

@@ -18,6 +18,7 @@ from episodic.policy import (
     age_in_days,
     episodic_compaction_trigger,
     open_tool_calls,
+    resting_cut,
     safe_cut,
     safe_cut_at_or_before,
 )
@@ -254,6 +255,35 @@ USER = Message.user("u")
 )
 def test_safe_cut_table(log: list[Message | tuple[str, ...]], cut: int) -> None:
     assert safe_cut(_events(*log)) == cut
+
+
+ANSWER = Message.assistant("answered")
+THINKING = Message.assistant(None, reasoning="let me see")
+
+
+@pytest.mark.parametrize(
+    ("log", "cut"),
+    [
+        ([], 0),
+        ([USER, ANSWER], 2),
+        # The newest question is not answered yet: its run is in progress.
+        ([USER, ANSWER, USER], 2),
+        ([USER, ANSWER, USER, _calls("a"), _result("a")], 2),
+        ([USER, ANSWER, USER, THINKING], 2),
+        ([USER, ANSWER, USER, _calls("a"), _result("a"), ANSWER], 6),
+        # A run completion puts it at rest, answered or not.
+        ([USER, ANSWER, USER, _calls("a"), ("a",)], 5),
+        # A system message neither starts nor ends a run.
+        ([USER, ANSWER, Message.system("be brief")], 3),
+        # No question in view: the run began before the cut, nothing of it is covered.
+        ([_calls("a"), _result("a")], 0),
+        ([USER, USER, USER], 2),
+    ],
+)
+def test_resting_cut_leaves_a_run_in_progress_out(
+    log: list[Message | tuple[str, ...]], cut: int
+) -> None:
+    assert resting_cut(_events(*log)) == cut
 
 
 def test_safe_cut_at_or_before_moves_an_unsafe_cut_earlier() -> None:

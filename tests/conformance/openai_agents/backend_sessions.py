@@ -1,6 +1,7 @@
-"""The names the SDK's backend session tests construct, ``SQLiteSession`` and
-``SQLAlchemySession``, as EpisodicSessions (run.py copies this file into the SDK's tree as
-``tests/utils/episodic_backends.py`` and points those tests' imports here). A database the
+"""The names the SDK's backend session tests construct, ``SQLiteSession``,
+``AsyncSQLiteSession`` and ``SQLAlchemySession``, as EpisodicSessions (run.py copies this file
+into the SDK's tree as ``tests/utils/episodic_backends.py`` and points those tests' imports
+here). A database the
 tests name (a file, a URL, an engine) is a tenant of the conformance database: sessions on
 the same one share it, ``:memory:`` is a new one each time."""
 
@@ -46,6 +47,24 @@ class SQLiteSession(ConnectedSession):
         """Nothing to close: every call opens and closes its own connections."""
 
 
+class AsyncSQLiteSession(SQLiteSession):
+    """``AsyncSQLiteSession(session_id, db_path=":memory:", ...)``, on episodic."""
+
+    async def close(self) -> None:  # type: ignore[override]
+        """Nothing to close: every call opens and closes its own connections."""
+
+
+class _Engine:
+    """What ``SQLAlchemySession.from_url`` makes ``.engine`` of: the tenant its URL names,
+    so a session made with ``engine=backend.engine`` shares the other's history."""
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+
+    async def dispose(self) -> None:
+        """Nothing to dispose of: every call opens and closes its own connections."""
+
+
 class SQLAlchemySession(ConnectedSession):
     """``SQLAlchemySession(session_id, engine=..., ...)`` and ``.from_url(...)``, on episodic."""
 
@@ -59,7 +78,9 @@ class SQLAlchemySession(ConnectedSession):
         messages_table: str = "agent_messages",
         session_settings: SessionSettings | None = None,
     ) -> None:
-        super().__init__(session_id, f"engine-{id(engine)}", session_settings)
+        tenant = engine.tenant if isinstance(engine, _Engine) else f"engine-{id(engine)}"
+        super().__init__(session_id, tenant, session_settings)
+        self.engine = engine
         _note()
 
     @classmethod
@@ -73,7 +94,9 @@ class SQLAlchemySession(ConnectedSession):
         **kwargs: Any,
     ) -> SQLAlchemySession:
         session = cls.__new__(cls)
-        ConnectedSession.__init__(session, session_id, _tenant("url", url), session_settings)
+        engine = _Engine(_tenant("url", url))
+        ConnectedSession.__init__(session, session_id, engine.tenant, session_settings)
+        session.engine = engine
         _note()
         return session
 
