@@ -4,6 +4,7 @@
 - :mod:`episodic.formats.responses`: OpenAI Responses-API input items, both ways.
 - :mod:`episodic.formats.anthropic`: the Anthropic Messages API's ``messages`` list.
 - :mod:`episodic.formats.cliver`: cliver-core's ``CLIverMessage`` objects.
+- :mod:`episodic.formats.adk`: Google ADK events (their JSON), to the log's messages and back.
 
 The modules build plain dicts and import no provider SDK: a caller validates against its own
 SDK if it wants to. They depend on :mod:`episodic.models` only; the models' ``to_*`` and
