@@ -53,7 +53,8 @@ class Context(EpisodicModel):
     """A conversation's context, ready for an agent loop.
 
     ``messages`` are the handoff (a user message) and the retained user messages when there is
-    a boundary, then every message after its cut; never a system message. Stored messages
+    a boundary (or the items of a framework's own compaction, :attr:`BoundaryEvent.handoff_items`),
+    then every message after its cut; never a system message. Stored messages
     carry ``seq``, ``created_at`` and ``token_estimate``; synthetic ones have ``seq=None``.
     """
 
@@ -64,6 +65,9 @@ class Context(EpisodicModel):
     boundary: BoundaryEvent | None
     estimated_tokens: int
     last_seq: int
+    #: The seq of the conversation's latest boundary, the one a new boundary must expect:
+    #: ``boundary.seq``, or, once a clear has put that boundary out of view, still its seq.
+    boundary_seq: int | None = None
 
     def to_openai(self, *, include_reasoning: bool = False) -> list[dict[str, Any]]:
         """Chat-completions message dicts (prepend your system message)."""
@@ -141,13 +145,23 @@ def compose_context(
     last_seq: int,
     estimator: TokenEstimator,
     max_tool_result_tokens: int | None = None,
+    boundary_seq: int | None = None,
 ) -> Context:
     """Build the context from the latest boundary (or none) and the stored messages after its
-    cut, in seq order (:func:`tail_messages` picks them from events)."""
+    cut, in seq order (:func:`tail_messages` picks them from events). ``boundary_seq`` is the
+    head's latest boundary when a clear took ``boundary`` out of view."""
     messages: list[Message] = boundary_messages(boundary) if boundary is not None else []
     # The boundary's stored estimate covers its handoff and retained messages together.
     estimated = boundary.token_estimate if boundary is not None else 0
-    for message in _paired(tail):
+    body, counted = tail, set[int]()
+    if boundary is not None and boundary.handoff_items is not None:
+        # A framework's items may hold a call whose result never came: pair them with the
+        # tail like any messages (their estimates are in the boundary's already).
+        body, counted, messages = [*messages, *tail], {id(m) for m in messages}, []
+    for message in _paired(body):
+        if id(message) in counted:
+            messages.append(message)
+            continue
         if max_tool_result_tokens is not None and message.role == "tool":
             message = _capped(message, max_tool_result_tokens, estimator)
         tokens = message.token_estimate
@@ -165,6 +179,9 @@ def compose_context(
             "boundary": boundary,
             "estimated_tokens": estimated,
             "last_seq": last_seq,
+            "boundary_seq": boundary_seq
+            if boundary_seq is not None
+            else (boundary.seq if boundary is not None else None),
         },
     )
 

@@ -13,7 +13,14 @@ from typing import Annotated
 
 from pydantic import ConfigDict, Field
 
-from episodic.models import EpisodicModel, MessageEvent, RunCompletedEvent, StoredEvent
+from episodic.models import (
+    OPENAI_RESPONSES_PROTOCOL,
+    EpisodicModel,
+    Message,
+    MessageEvent,
+    RunCompletedEvent,
+    StoredEvent,
+)
 from episodic.view import in_view
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -105,11 +112,12 @@ def resting_cut(events: Sequence[StoredEvent]) -> int:
     """The latest safe cut that leaves a run still in progress out, 0 when there is none:
     what the compaction worker covers through.
 
-    A run is at rest once the newest message in view is an answer (an assistant message
-    with text and no tool calls) or a run completion follows it. Otherwise the run that the
-    newest user message began is still going (its agent may be waiting on a tool or on the
-    model right now), so the cut stays before that message; and when no user message is in
-    view, before anything in view (the run began before the latest cut).
+    A run is at rest once the newest message in view is an answer (an assistant's reply:
+    text, no tool calls, not a built-in tool item) or a run completion follows it; system
+    messages and empty assistant messages (state-only events) change nothing. Otherwise the
+    run that the newest user message began is still going (its agent may be waiting on a tool
+    or on the model right now), so the cut stays before that message; and when no user
+    message is in view, before anything in view (the run began before the latest cut).
     """
     newest_user: int | None = None
     at_rest = True
@@ -117,19 +125,39 @@ def resting_cut(events: Sequence[StoredEvent]) -> int:
     for event in in_view(events):
         if isinstance(event, RunCompletedEvent):
             at_rest = True
-        elif isinstance(event, MessageEvent):
+        elif isinstance(event, MessageEvent) and not _is_neutral(event.message):
             first = event.seq if first is None else first
-            message = event.message
-            if message.role == "user":
+            if event.message.role == "user":
                 newest_user = event.seq
-            if message.role != "system":
-                at_rest = (
-                    message.role == "assistant" and not message.tool_calls and bool(message.text)
-                )
+            at_rest = _is_answer(event.message)
     if at_rest:
         return safe_cut(events)
     start = newest_user if newest_user is not None else first
     return safe_cut_at_or_before(events, start - 1) if start is not None else safe_cut(events)
+
+
+def _is_answer(message: Message) -> bool:
+    """An assistant's reply: text, no calls, and not a built-in tool item (a computer, shell
+    or MCP call is kept as text for summarizers, but the run waits on it)."""
+    if message.role != "assistant" or message.tool_calls or not message.text:
+        return False
+    native = message.native
+    return (
+        native is None
+        or native.protocol != OPENAI_RESPONSES_PROTOCOL
+        or native.data.get("type", "message") == "message"
+    )
+
+
+def _is_neutral(message: Message) -> bool:
+    """Neither starts nor ends a run: a system message, or an assistant message of nothing
+    (an agent framework's state-only event)."""
+    return message.role == "system" or (
+        message.role == "assistant"
+        and not message.tool_calls
+        and not message.text
+        and not message.reasoning
+    )
 
 
 def safe_cut_at_or_before(events: Sequence[StoredEvent], seq: int) -> int:

@@ -75,6 +75,14 @@ def adk_events_of(messages: Iterable[Message]) -> list[dict[str, Any]]:
     return events
 
 
+#: Part fields that qualify a part rather than say what it holds.
+_PART_MODIFIERS = frozenset(
+    {"thought", "thought_signature", "media_resolution", "video_metadata", "part_metadata"}
+)
+#: The camelCase names of the fields a part is read by: JSON dumped ``by_alias``.
+_ALIASED = frozenset({"functionCall", "functionResponse", "inlineData", "fileData"})
+
+
 def _parts(content: Any) -> list[dict[str, Any]]:
     if content is None:
         return []
@@ -83,6 +91,12 @@ def _parts(content: Any) -> list[dict[str, Any]]:
     parts = content.get("parts") or []
     if not isinstance(parts, list) or any(not isinstance(p, Mapping) for p in parts):
         raise ValidationError("an event's content parts must be a list of Parts", field="parts")
+    if any(_ALIASED.intersection(part) for part in parts):
+        raise ValidationError(
+            "an event's JSON must use field names, not aliases: event.model_dump_json() "
+            "without by_alias",
+            field="parts",
+        )
     return [dict(part) for part in parts]
 
 
@@ -149,7 +163,7 @@ def _result(response: Any) -> Message:
 def _rendered(part: dict[str, Any]) -> str:
     """A part that is not text (inline or file data, code and its result) as text a
     summarizer can read: its kind, then the rest as compact JSON, cut short."""
-    kind = next((key for key, value in part.items() if value is not None), "part")
+    kind = next((k for k, v in part.items() if v is not None and k not in _PART_MODIFIERS), "part")
     value = part.get(kind)
     if isinstance(value, Mapping) and isinstance(value.get("data"), str):
         # inline bytes (base64): what they are, not what they hold

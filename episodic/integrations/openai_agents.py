@@ -4,14 +4,17 @@ session=EpisodicSession(session_id, store))``.
 Each item the SDK adds is one message of the log, its Responses item kept whole in
 ``native`` (:meth:`Message.from_responses_item`), so ``get_items`` gives back exactly what
 was added; a ``function_call_output`` must answer a waiting ``function_call`` by ``call_id``,
-as any tool result. ``get_items`` returns the compacted view: after a boundary, the handoff
-(a user message item), the retained user messages, then the items after its cut, as they
-came. ``pop_item`` is a retraction and ``clear_session`` a clear (``EpisodicStore.retract_last``
-and ``clear``): the log keeps everything, the view changes. ``get_full_history`` pages the
+as any tool result. ``get_items`` returns the compacted view: after a worker's boundary, the
+handoff (a user message item), the retained user messages, then the items after its cut, as
+they came; after the SDK's own compaction (below), the items it kept and its output.
+``pop_item`` is a retraction and ``clear_session`` a clear (``EpisodicStore.retract_last`` and
+``clear``): the log keeps everything, the view changes. ``get_full_history`` pages the
 whole log. ``run_compaction``, which the Runner awaits after each saved turn, records the
 turn's usage for the pressure signal and leaves the summary to the worker. Wrapped in the
 SDK's ``OpenAIResponsesCompactionSession``, the session gives it the suffix-snapshot hook its
-own stores have, and the SDK's compaction is appended as a boundary, never a deletion.
+own stores have, and the SDK's compaction is appended as a boundary, never a deletion (the
+wrapper's ``run_compaction`` then runs instead of this one, so no usage is recorded: run one
+compactor per session, the worker or the SDK's).
 
 Any string is a session id: it names one conversation per tenant (a UUID derived from the
 tenant and the id), created by the first write; reading a session never written returns
@@ -20,6 +23,7 @@ tenant and the id), created by the first write; reading a session never written 
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
@@ -41,11 +45,13 @@ from agents.memory.session_settings import (
 from agents.run_context import RunContextWrapper
 
 from episodic.context import boundary_messages
-from episodic.errors import ConflictError, NotFoundError, UnsafeCutError
+from episodic.errors import ConflictError, NotFoundError, UnsafeCutError, ValidationError
 from episodic.models import Message, MessageEvent, Usage
 from episodic.store import DEFAULT_TENANT, EpisodicStore
 from episodic.store.boundaries import BoundaryRequest
 from episodic.view import in_view
+
+logger = logging.getLogger(__name__)
 
 #: The reason of the boundaries ``OpenAIResponsesCompactionSession`` writes through the hook.
 SDK_COMPACTION_REASON = "openai_responses_compaction"
@@ -111,7 +117,8 @@ class EpisodicSession(SessionABC):
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Take back the newest item in view and return it (None when there is none): a
-        retraction, so the log keeps it. Concurrent pops return each item once."""
+        retraction, so the log keeps it. Concurrent pops return each item once. What a
+        boundary's handoff holds is not an item of the log and is never taken back."""
         try:
             retracted = await self.store.retract_last(self.conversation_id)
         except NotFoundError:
@@ -205,17 +212,20 @@ class EpisodicSession(SessionABC):
         """The boundary ``replace_suffix`` appends: through the newest message of ``view``,
         starting the view with ``handoff``; False when the log moved since ``view`` was
         read, or the cut would leave a call waiting."""
-        request = BoundaryRequest(
-            summary="",
-            handoff_items=handoff,
-            covers_through_seq=view.covers_through_seq,
-            reason=SDK_COMPACTION_REASON,
-            expected_boundary_seq=view.boundary_seq,
-            expected_last_seq=view.last_seq,
-        )
         try:
+            request = BoundaryRequest(
+                summary="",
+                handoff_items=handoff,
+                covers_through_seq=view.covers_through_seq,
+                reason=SDK_COMPACTION_REASON,
+                expected_boundary_seq=view.boundary_seq,
+                expected_last_seq=view.last_seq,
+            )
             await self.store.write_boundary(self.conversation_id, request)
-        except (ConflictError, UnsafeCutError):
+        except (ConflictError, UnsafeCutError, NotFoundError, ValidationError) as exc:
+            # The turn is saved; a compaction that cannot be recorded keeps the history as
+            # it is (and the SDK says so), it never fails the run.
+            logger.warning("the SDK's compaction of %s was not recorded: %s", self.session_id, exc)
             return False
         return True
 
@@ -226,7 +236,7 @@ class EpisodicSession(SessionABC):
             context, tail = await self.store.load_context_and_tail(self.conversation_id)
         except NotFoundError:
             return None
-        boundary = context.boundary
+        boundary = context.boundary  # None after a clear, though the head keeps it
         messages: list[Message] = boundary_messages(boundary) if boundary is not None else []
         covers = boundary.covers_through_seq if boundary is not None else 0
         for event in in_view(tail):
@@ -236,7 +246,7 @@ class EpisodicSession(SessionABC):
         return _View(
             items=[item for message in messages for item in message.to_responses()],
             covers_through_seq=covers,
-            boundary_seq=boundary.seq if boundary is not None else None,
+            boundary_seq=context.boundary_seq,
             last_seq=context.last_seq,
         )
 

@@ -27,6 +27,7 @@ REVISIONS = (
     "0007_lean_append",
     "0008_coalesced_appends",
     "0009_retractions_and_clears",
+    "0010_append_sees_a_new_head",
 )
 HEAD_REVISION = REVISIONS[-1]
 

@@ -452,8 +452,10 @@ class EpisodicStore:
         separate a tool call from its result (:class:`UnsafeCutError`). Messages appended
         after the cut, even while the summary was being written, stay in the context.
         ``attempt`` (the compaction worker's) is recorded in the same transaction. The
-        request's fields were checked when it was made; the summary is held here to
-        ``max_message_bytes``, like a message.
+        request's fields were checked when it was made; the summary (and each of
+        ``handoff_items``, a framework's own compaction the context then starts with) is held
+        here to ``max_message_bytes``, like a message. With ``expected_last_seq``, the write
+        is refused (:class:`ConflictError`) unless the log still ends at that seq.
         """
         await self._ready()
         cid = parse_conversation_id(conversation_id)
@@ -523,6 +525,7 @@ class EpisodicStore:
             last_seq=loaded.last_seq,
             estimator=self.estimator,
             max_tool_result_tokens=max_tool_result_tokens,
+            boundary_seq=loaded.boundary_seq,
         )
 
     # ---- the compaction worker's queue ----------------------------------------------------

@@ -157,9 +157,7 @@ async def compact_claimed(
                 reason=claim.reason,
                 usage=result.usage,
                 model=result.model,
-                expected_boundary_seq=context.boundary.seq
-                if context.boundary is not None
-                else None,
+                expected_boundary_seq=context.boundary_seq,
                 lease_token=claim.lease_token,
                 prompt_version=PROMPT_VERSION,
                 tokens_before=tokens_before,

@@ -266,3 +266,58 @@ async def test_the_worker_never_covers_a_run_still_in_progress(store: EpisodicSt
         e.seq for e in events if isinstance(e, MessageEvent)
     )
     await check_head(store, session)
+
+
+async def test_compaction_after_a_clear_expects_the_heads_boundary(store: EpisodicStore) -> None:
+    """A clear takes the boundary out of view but not off the head: both the SDK's hook and
+    the worker must expect the head's, or every later compaction would conflict."""
+    store.trigger = EpisodicCompactionConfig(trigger_unfinished_turns=1)
+    session = EpisodicSession("cleared", store)
+    worker = CompactionWorker(store, ExtractiveSummarizer(), worker_id="after-clear")
+    await run_once(session, "before the clear")
+    assert [r.outcome for r in await worker.run_once()] == ["succeeded"]
+    await session.clear_session()
+    await run_once(session, "after the clear")
+    assert [r.outcome for r in await worker.run_once()] == ["succeeded"]
+    await session.clear_session()
+    await session.add_items(ORIGINAL)  # type: ignore[arg-type]
+    await run_once(compacting(session, client_returning(SUMMARY)))
+    assert await session.get_items() == [SUMMARY]
+    await check_head(store, session)
+
+
+async def test_a_compaction_that_cannot_be_recorded_never_fails_the_run(
+    store: EpisodicStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    session = EpisodicSession("too-big", store)
+    await session.add_items(ORIGINAL)  # type: ignore[arg-type]
+    huge = {**SUMMARY, "encrypted_content": "x" * (store.max_message_bytes + 1)}
+    await run_once(compacting(session, client_returning(huge)))  # the turn is saved, no error
+    assert await session.get_items() == [*ORIGINAL, {"role": "user", "content": "continue"},
+                                         reply().model_dump(exclude_unset=True)]  # fmt: skip
+    assert not any(isinstance(e, BoundaryEvent) for e in await events_of(store, session))
+    assert "was not recorded" in caplog.text
+
+
+async def test_a_kept_call_whose_run_ended_still_gets_its_synthetic_result(
+    store: EpisodicStore,
+) -> None:
+    """A call the run completion abandoned is kept by a partial compaction: loading still
+    pairs it (a provider refuses a call without its output)."""
+    session = EpisodicSession("abandoned", store)
+    await session.add_items(
+        [  # type: ignore[list-item]
+            {"role": "user", "content": "start"},
+            function_call("lookup", {"q": "x"}, call_id="lost").model_dump(exclude_unset=True),
+        ]
+    )
+    await store.mark_run_completed(session.conversation_id)
+    await session.add_items(ORIGINAL)  # type: ignore[arg-type]
+    await run_once(compacting(session, client_returning(SUMMARY)), session_settings={"limit": 1})
+    boundary = (await events_of(store, session))[-1]
+    assert isinstance(boundary, BoundaryEvent)
+    assert boundary.handoff_items is not None
+    assert [i.get("call_id") for i in boundary.handoff_items if i.get("call_id")] == ["lost"]
+    items = (await store.load_context(session.conversation_id)).to_responses()
+    outputs = [i for i in items if i.get("type") == "function_call_output"]
+    assert [o["call_id"] for o in outputs] == ["lost"]

@@ -285,11 +285,21 @@ def is_safe_cut(events: Sequence[StoredEvent], cut: int) -> bool:
 def resting_limit(events: Sequence[StoredEvent], above: int = 0) -> int:
     """The last seq the worker may cover through so that it covers no run still in
     progress, counting the messages after ``above`` (independent of episodic.policy): the
-    log's end when its newest message is an answer (an assistant's text, no calls) or a run
-    completion follows that message; else the seq before the newest user message after
-    ``above``, or before the first message after it when there is no user message."""
+    log's end when its newest message (system and empty ones aside) is an answer (an
+    assistant's text, no calls) or a run completion follows it; else the seq before the
+    newest user message after ``above``, or before the first message after it when there is
+    no user message."""
     tail = [e for e in events if e.seq > above]
-    messages = [e for e in tail if isinstance(e, MessageEvent) and e.message.role != "system"]
+    messages = [
+        e
+        for e in tail
+        if isinstance(e, MessageEvent)
+        and e.message.role != "system"
+        and not (  # an empty assistant message: a state-only event
+            e.message.role == "assistant"
+            and not (e.message.text or e.message.tool_calls or e.message.reasoning)
+        )
+    ]
     if not messages:
         return events[-1].seq if events else 0
     last = messages[-1]

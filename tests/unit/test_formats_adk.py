@@ -42,7 +42,10 @@ def test_a_users_message_with_bytes_round_trips_and_renders_without_them() -> No
             role="user",
             parts=[
                 types.Part(text="What is in this picture?"),
-                types.Part.from_bytes(data=b"\x89PNG" + bytes(1_000), mime_type="image/png"),
+                types.Part(
+                    inline_data=types.Blob(data=b"\x89PNG" + bytes(1_000), mime_type="image/png"),
+                    media_resolution=types.PartMediaResolution(level="MEDIA_RESOLUTION_LOW"),
+                ),
             ],
         ),
     )
@@ -170,8 +173,20 @@ def test_a_complete_event_round_trips_exactly() -> None:
             {"author": "a", "content": {"parts": [{"function_response": {"name": "f"}}]}},
             "function_response.id",
         ),
+        (
+            {"author": "a", "content": {"parts": [{"functionCall": {"id": "c", "name": "f"}}]}},
+            "parts",
+        ),
     ],
-    ids=["str", "content-str", "part-str", "call-empty", "args-int", "response-without-id"],
+    ids=[
+        "str",
+        "content-str",
+        "part-str",
+        "call-empty",
+        "args-int",
+        "response-without-id",
+        "by-alias",
+    ],
 )
 def test_what_is_not_an_events_json_is_refused_naming_the_field(
     event: Any, field: str | None

@@ -259,6 +259,11 @@ def test_safe_cut_table(log: list[Message | tuple[str, ...]], cut: int) -> None:
 
 ANSWER = Message.assistant("answered")
 THINKING = Message.assistant(None, reasoning="let me see")
+# A built-in tool item is read as text, yet the run waits on it.
+COMPUTER_CALL = Message.from_responses_item(
+    {"type": "computer_call", "id": "cu_1", "call_id": "c1", "action": {"type": "screenshot"}}
+)
+STATE_ONLY = Message.assistant(None)  # an agent framework's event with no content
 
 
 @pytest.mark.parametrize(
@@ -278,6 +283,10 @@ THINKING = Message.assistant(None, reasoning="let me see")
         # No question in view: the run began before the cut, nothing of it is covered.
         ([_calls("a"), _result("a")], 0),
         ([USER, USER, USER], 2),
+        ([USER, ANSWER, USER, COMPUTER_CALL], 2),
+        ([USER, ANSWER, STATE_ONLY], 3),
+        ([USER, ANSWER, USER, STATE_ONLY], 2),
+        ([STATE_ONLY, _calls("a"), _result("a")], 1),  # only the state-only event
     ],
 )
 def test_resting_cut_leaves_a_run_in_progress_out(

@@ -593,14 +593,18 @@ BEGIN
     RETURNING c.* INTO v_head;
     IF NOT FOUND THEN
         -- Only without the locking read above: the head is not there, or not at p_expected_seq.
-        SELECT c.last_seq INTO v_last FROM episodic_conversations c
-         WHERE c.conversation_id = p_conversation_id
-           AND (p_scope IS NULL OR c.tenant_id = p_scope);
-        IF NOT FOUND THEN
-            RETURN QUERY SELECT 'not_found'::text, NULL::bigint, NULL::timestamptz, NULL::text;
-        ELSE
-            RETURN QUERY SELECT 'conflict'::text, v_last, NULL::timestamptz, NULL::text;
+        -- A head created after this statement began is not there for the update either: that
+        -- is not_found (the caller creates or retries), never a conflict nobody asked for.
+        IF p_expected_seq IS NOT NULL THEN
+            SELECT c.last_seq INTO v_last FROM episodic_conversations c
+             WHERE c.conversation_id = p_conversation_id
+               AND (p_scope IS NULL OR c.tenant_id = p_scope);
+            IF FOUND AND v_last <> p_expected_seq THEN
+                RETURN QUERY SELECT 'conflict'::text, v_last, NULL::timestamptz, NULL::text;
+                RETURN;
+            END IF;
         END IF;
+        RETURN QUERY SELECT 'not_found'::text, NULL::bigint, NULL::timestamptz, NULL::text;
         RETURN;
     END IF;
     v_last := v_head.last_seq - v_n;
