@@ -8,7 +8,7 @@ event, and computes the head that follows. Nothing here touches the database.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 from uuid import UUID
@@ -68,6 +68,8 @@ class BoundaryRequest:
     #: Write only if the log still ends at this seq (a :class:`ConflictError` otherwise): for
     #: a caller that replaces exactly what it read, as a framework's compaction does.
     expected_last_seq: int | None = None
+    #: ``handoff_items`` as the messages a load reads them as (made once, when checked)
+    handoff_messages: tuple[Message, ...] = field(default=(), init=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.handoff_items is not None:
@@ -126,8 +128,9 @@ class BoundaryRequest:
                 field="retained",
             )
         # Each must read as a message, as it will on every load behind the boundary.
-        messages = [Message.from_responses_item(item) for item in items]
+        messages = tuple(Message.from_responses_item(item) for item in items)
         object.__setattr__(self, "handoff_items", tuple(dict(item) for item in items))
+        object.__setattr__(self, "handoff_messages", messages)
         if not isinstance(self.summary, str) or not self.summary.strip():
             rendered = render_transcript(messages) if messages else "(an empty compaction)"
             if len(rendered) > MAX_HANDOFF_RENDERING:  # for people only: the items are kept
@@ -206,8 +209,7 @@ def plan_boundary(
     handoff_tokens: tuple[int, ...] = ()
     if handoff_items is not None:
         handoff_tokens = tuple(
-            context_token_estimate(Message.from_responses_item(item), estimator)
-            for item in handoff_items
+            context_token_estimate(message, estimator) for message in request.handoff_messages
         )
         retained_tokens: tuple[int, ...] = ()
         token_estimate = sum(handoff_tokens)
