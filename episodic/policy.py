@@ -132,8 +132,10 @@ def resting_cut(events: Sequence[StoredEvent]) -> int:
             at_rest = _is_answer(event.message)
     if at_rest:
         return safe_cut(events)
+    # Not at rest means a message that is not neutral was seen: ``first`` is set.
     start = newest_user if newest_user is not None else first
-    return safe_cut_at_or_before(events, start - 1) if start is not None else safe_cut(events)
+    assert start is not None
+    return safe_cut_at_or_before(events, start - 1)
 
 
 def _is_answer(message: Message) -> bool:
