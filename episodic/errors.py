@@ -122,6 +122,19 @@ class NotFoundError(EpisodicError, LookupError):
         self.conversation_id = conversation_id
 
 
+class ConversationDeletedError(NotFoundError):
+    """The conversation was deleted (:meth:`EpisodicStore.delete_conversation`): it takes no
+    more writes and loads as not found; its log is kept for an audit or an erasure."""
+
+    def __init__(self, conversation_id: UUID) -> None:
+        EpisodicError.__init__(
+            self,
+            f"conversation {conversation_id} was deleted: it takes no more writes and cannot "
+            "be loaded (store.read_events still reads its log); start a new conversation",
+        )
+        self.conversation_id = conversation_id
+
+
 class ConflictError(EpisodicError):
     """Lost an optimistic-concurrency race: the conversation moved on since the caller looked.
 
@@ -225,6 +238,7 @@ class IntegrityViolationError(EpisodicError):
 __all__ = [
     "ConfigurationError",
     "ConflictError",
+    "ConversationDeletedError",
     "DatabaseUnavailableError",
     "DuplicateToolCallError",
     "EpisodicError",

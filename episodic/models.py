@@ -509,7 +509,7 @@ def messages_from_openai(items: Sequence[Mapping[str, Any]]) -> list[Message]:
 # ---- the log ----------------------------------------------------------------------------
 
 EventKind: TypeAlias = Literal[
-    "message", "boundary", "run_completed", "retraction", "clear", "usage"
+    "message", "boundary", "run_completed", "retraction", "clear", "usage", "state", "deletion"
 ]
 RetentionMode: TypeAlias = Literal["recent_user_messages", "recent_turns"]
 
@@ -593,8 +593,48 @@ class UsageEvent(_EventBase):
     usage: Usage
 
 
+class StateChange(EpisodicModel):
+    """What a write changes in the state kept beside the log (an agent framework's session
+    state): each key given replaces the stored value, whatever it was (a dict is not merged
+    into a dict), and a ``None`` is stored, not a deletion.
+
+    ``conversation`` is the conversation's own state; ``shared`` maps a scope name (any
+    string: Google ADK's app and user scopes, say) to the keys it changes in that scope,
+    which every conversation of the tenant may read (:meth:`EpisodicStore.read_state`).
+    Both are projections of the log: the change is appended as a :class:`StateEvent` in the
+    same transaction that applies it."""
+
+    model_config = _FROZEN
+    conversation: dict[str, JsonValue] = Field(default_factory=dict)
+    shared: dict[str, dict[str, JsonValue]] = Field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.conversation) or any(self.shared.values())
+
+
+class StateEvent(_EventBase):
+    """A state change (:class:`StateChange`), after the messages appended with it."""
+
+    kind: Literal["state"] = "state"
+    change: StateChange
+
+
+class DeletionEvent(_EventBase):
+    """The conversation deleted: it is hidden (not listed, not loaded, closed to writes)
+    and its log kept, for an audit or an erasure."""
+
+    kind: Literal["deletion"] = "deletion"
+
+
 StoredEvent = Annotated[
-    MessageEvent | RunCompletedEvent | BoundaryEvent | RetractionEvent | ClearEvent | UsageEvent,
+    MessageEvent
+    | RunCompletedEvent
+    | BoundaryEvent
+    | RetractionEvent
+    | ClearEvent
+    | UsageEvent
+    | StateEvent
+    | DeletionEvent,
     Field(discriminator="kind"),
 ]
 
@@ -628,6 +668,17 @@ class Conversation(EpisodicModel):
     next_attempt_at: datetime | None = None
     last_error: str | None = None
     dead_since: datetime | None = None
+    #: who the conversation is listed under (:meth:`EpisodicStore.list_by_user`): an app
+    #: and a user of it, given at creation
+    app_name: str | None = None
+    user_id: str | None = None
+    #: the caller's time of its latest write, in seconds since the epoch (an agent
+    #: framework's event timestamp, kept exact); None until one is given
+    touched_at: float | None = None
+    #: when it was deleted (:meth:`EpisodicStore.delete_conversation`)
+    deleted_at: datetime | None = None
+    #: its own state (:class:`StateChange`), as of this read
+    state: dict[str, JsonValue] = Field(default_factory=dict)
 
 
 __all__ = [
@@ -641,6 +692,7 @@ __all__ = [
     "Content",
     "ContentBlock",
     "Conversation",
+    "DeletionEvent",
     "EpisodicModel",
     "EventKind",
     "ImageBlock",
@@ -652,6 +704,8 @@ __all__ = [
     "RetractionEvent",
     "Role",
     "RunCompletedEvent",
+    "StateChange",
+    "StateEvent",
     "StoredEvent",
     "TextBlock",
     "ToolCall",

@@ -39,7 +39,12 @@ __all__ = [
     "url_through",
 ]
 
-TABLES = ("episodic_conversations", "episodic_events", "episodic_compaction_attempts")
+TABLES = (
+    "episodic_conversations",
+    "episodic_events",
+    "episodic_compaction_attempts",
+    "episodic_shared_state",
+)
 
 #: What README tells a new user to install; every optional package the suite needs is in it.
 INSTALL_LINE = 'pip install -e ".[dev]"'

@@ -3,7 +3,7 @@ everything dialect-specific lives in those two modules."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -12,6 +12,7 @@ from uuid import UUID
 from episodic.models import (
     ClearEvent,
     Conversation,
+    DeletionEvent,
     MessageEvent,
     RetractionEvent,
     StoredEvent,
@@ -31,6 +32,7 @@ from episodic.store.codec import Tail
 from episodic.store.migrate import SchemaMigration
 from episodic.store.projection import HeadCounters, HeadState
 from episodic.store.rules import Outcome, WriteOutcome
+from episodic.store.state import StateSnapshot
 
 Closer = Callable[[], Awaitable[None]]
 PlanBoundary = Callable[[HeadState, list[StoredEvent], datetime], BoundaryWrite]
@@ -42,7 +44,7 @@ class PlannedEvent:
     (store/view_changes.py) and written only if the head is still the one it was planned
     on."""
 
-    event: RetractionEvent | ClearEvent | UsageEvent
+    event: RetractionEvent | ClearEvent | UsageEvent | DeletionEvent
     payload: str
     #: the head's counters once it is stored
     counters: HeadCounters
@@ -90,9 +92,39 @@ class Backend(Protocol):
         ...
 
     async def create_conversation(
-        self, conversation_id: UUID, tenant_id: str, metadata: dict[str, Any], created_at: datetime
+        self,
+        conversation_id: UUID,
+        tenant_id: str,
+        metadata: dict[str, Any],
+        created_at: datetime,
+        *,
+        listed: tuple[str, str] | None = None,
+        touched_at: float | None = None,
+        state_json: str | None = None,
     ) -> bool:
-        """Insert the head row; False when the id is taken."""
+        """Insert the head row (listed under ``listed``, an app and a user), and with
+        ``state_json`` its first event, the initial state, applied as an append's is; False
+        when the id is taken."""
+        ...
+
+    async def read_state(
+        self, conversation_id: UUID | None, tenant_id: str, scopes: Sequence[str]
+    ) -> StateSnapshot | None:
+        """The conversation's own state and where its log ends (unless ``conversation_id``
+        is None), and the tenant's ``scopes``, in one statement. None when the conversation
+        is not there, not visible, or deleted."""
+        ...
+
+    async def list_by_user(
+        self,
+        tenant_id: str,
+        app_name: str,
+        user_id: str | None,
+        after: tuple[str, UUID] | None,
+        limit: int,
+    ) -> list[Conversation]:
+        """Up to ``limit`` conversations listed under the app (and the user, unless None),
+        not deleted, in (user_id, conversation_id) order after ``after``."""
         ...
 
     async def append(

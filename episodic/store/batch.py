@@ -20,10 +20,11 @@ from episodic.errors import (
     OrphanToolResultError,
     ValidationError,
 )
-from episodic.models import Message, Usage
+from episodic.models import Message, StateChange, Usage
 from episodic.rendering import context_token_estimate
 from episodic.store.checks import check_seq, check_text, checked_usage
 from episodic.store.codec import encode_json, refuse_non_finite
+from episodic.store.state import check_touched_at, encode_state_change
 from episodic.tokens import TokenEstimator
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 512
@@ -55,6 +56,10 @@ class PreparedBatch:
     request_hash: str | None
     usage: Usage | None
     usage_json: str | None
+    #: the StateChange appended after the messages, as JSON (None: the batch changes no state)
+    state_json: str | None = None
+    #: the caller's time of the write, for the head's touched_at
+    touched_at: float | None = None
 
     @property
     def usage_input_tokens(self) -> int | None:
@@ -70,6 +75,8 @@ def prepare_batch(
     idempotency_key: str | None = None,
     expected_seq: int | None = None,
     usage: Usage | None = None,
+    state: StateChange | None = None,
+    touched_at: float | None = None,
 ) -> PreparedBatch:
     """Validate and encode a batch; raise a typed error for anything wrong with it alone."""
     if isinstance(messages, Message) or not isinstance(messages, Sequence):
@@ -82,6 +89,10 @@ def prepare_batch(
         check_text(idempotency_key, field="idempotency_key", max_length=MAX_IDEMPOTENCY_KEY_LENGTH)
     if expected_seq is not None:
         check_seq(expected_seq, "expected_seq")
+    state_json = (
+        encode_state_change(state, max_bytes=max_message_bytes) if state is not None else None
+    )
+    touched_at = check_touched_at(touched_at)
 
     checked: list[Message] = []
     payloads: list[str] = []
@@ -135,7 +146,9 @@ def prepare_batch(
         key = "k:" + idempotency_key
     elif checked[0].client_id is not None:
         key = "m:" + checked[0].client_id
-    request_hash = _request_hash(payloads) if key is not None else None
+    # A retry under the key must change the same state, too.
+    hashed = payloads if state_json is None else [*payloads, state_json]
+    request_hash = _request_hash(hashed) if key is not None else None
     return PreparedBatch(
         messages=tuple(checked),
         payloads=payloads,
@@ -152,6 +165,8 @@ def prepare_batch(
         request_hash=request_hash,
         usage=usage,
         usage_json=encode_json(usage.model_dump(), what="usage") if usage is not None else None,
+        state_json=state_json,
+        touched_at=touched_at,
     )
 
 

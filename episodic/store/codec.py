@@ -17,6 +17,7 @@ from episodic.models import (
     BoundaryEvent,
     ClearEvent,
     Conversation,
+    DeletionEvent,
     ImageBlock,
     Message,
     MessageEvent,
@@ -24,6 +25,8 @@ from episodic.models import (
     RawBlock,
     RetractionEvent,
     RunCompletedEvent,
+    StateChange,
+    StateEvent,
     StoredEvent,
     TextBlock,
     ToolCall,
@@ -231,6 +234,14 @@ def decode_event(
         return construct_valid(
             UsageEvent, {**envelope, "kind": "usage", "usage": construct_valid(Usage, body)}
         )
+    if kind == "state":
+        change = construct_valid(
+            StateChange,
+            {"conversation": body.get("conversation", {}), "shared": body.get("shared", {})},
+        )
+        return construct_valid(StateEvent, {**envelope, "kind": "state", "change": change})
+    if kind == "deletion":
+        return construct_valid(DeletionEvent, {**envelope, "kind": "deletion"})
     return boundary_from_payload(body, conversation_id, seq, created, token_estimate)
 
 
@@ -335,7 +346,7 @@ def decode_tail(
 
 #: Kinds a context has no message for: load_context skips their rows (a retraction's target
 #: is noted first). A clear is never in a tail: it is the cut.
-_NOT_IN_CONTEXT = frozenset({"run_completed", "retraction", "clear", "usage"})
+_NOT_IN_CONTEXT = frozenset({"run_completed", "retraction", "clear", "usage", "state", "deletion"})
 
 
 _EPOCH = datetime.fromtimestamp(0, UTC)
@@ -398,6 +409,7 @@ def counter_values(counters: HeadCounters) -> dict[str, Any]:
 
 _TIMESTAMPS = (
     "boundary_at",
+    "deleted_at",
     "due_since",
     "lease_expires_at",
     "next_attempt_at",
@@ -411,6 +423,7 @@ def decode_conversation(row: Mapping[str, Any]) -> Conversation:
     values["created_at"] = utc(values["created_at"])
     values["metadata"] = json_value(values["metadata"])
     values["open_tool_calls"] = json_value(values["open_tool_calls"])
+    values["state"] = json_value(values["state"]) if values["state"] is not None else {}
     for name in _TIMESTAMPS:
         values[name] = _utc_or_none(values[name])
     return Conversation(**values)

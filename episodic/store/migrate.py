@@ -28,6 +28,7 @@ REVISIONS = (
     "0008_coalesced_appends",
     "0009_retractions_and_clears",
     "0010_append_sees_a_new_head",
+    "0011_state_listings_deletion",
 )
 HEAD_REVISION = REVISIONS[-1]
 

@@ -53,6 +53,7 @@ from episodic.store.engine import DatabaseUrl
 from episodic.store.migrate import SchemaMigration, upgrade_to_head
 from episodic.store.pool import Pool
 from episodic.store.sql import named_call
+from episodic.store.state import StateSnapshot
 from episodic.store.translate import connection_refused, translated, translated_errors
 
 READ_REVISION = "SELECT version_num FROM episodic_alembic_version"
@@ -81,6 +82,13 @@ APPEND_REQUEST = (
     "p_closed_ids",
 )  # fmt: skip
 APPEND = named_call("episodic_append", (*APPEND_REQUEST, "p_trigger", "p_scope"), columns=OUTCOME)
+# An append that changes state or gives its time: never coalesced (episodic_append_many's
+# requests carry neither).
+APPEND_WITH_STATE = named_call(
+    "episodic_append",
+    (*APPEND_REQUEST, "p_trigger", "p_scope", "p_state", "p_touched_at"),
+    columns=OUTCOME,
+)
 # Appends in flight at once, in one call (store/coalesce.py): an outcome row each, by index.
 APPEND_MANY = named_call(
     "episodic_append_many", ("p_requests", "p_trigger", "p_scope"), columns=f"o_index, {OUTCOME}"
@@ -94,8 +102,23 @@ MARK_RUN_COMPLETED = named_call(
 
 CREATE_CONVERSATION = named_call(
     "episodic_create_conversation",
-    ("p_conversation_id", "p_tenant_id", "p_created_at", "p_metadata", "p_scope"),
+    (
+        "p_conversation_id", "p_tenant_id", "p_created_at", "p_metadata", "p_scope",
+        "p_app_name", "p_user_id", "p_touched_at", "p_state",
+    ),
+)  # fmt: skip
+READ_STATE = named_call(
+    "episodic_read_state",
+    ("p_conversation_id", "p_tenant_id", "p_shared", "p_scope"),
+    columns="o_scope, o_state, o_last_seq, o_touched_at",
 )
+LIST_BY_USER = named_call(
+    "episodic_list_by_user",
+    (
+        "p_tenant_id", "p_app_name", "p_user_id", "p_after_user", "p_after_id", "p_limit",
+        "p_scope",
+    ),
+)  # fmt: skip
 
 # The head's cut, then the events after it with a range scan planned on every call (see the
 # function), so the cost is the rows returned, whatever the length of the history.
@@ -416,13 +439,64 @@ class PostgresBackend:
                 ) from exc
 
     async def create_conversation(
-        self, conversation_id: UUID, tenant_id: str, metadata: dict[str, Any], created_at: datetime
+        self,
+        conversation_id: UUID,
+        tenant_id: str,
+        metadata: dict[str, Any],
+        created_at: datetime,
+        *,
+        listed: tuple[str, str] | None = None,
+        touched_at: float | None = None,
+        state_json: str | None = None,
     ) -> bool:
+        app_name, user_id = listed if listed is not None else (None, None)
         with translated_errors():
             created = await self._pool.fetchval(
-                CREATE_CONVERSATION, conversation_id, tenant_id, created_at, metadata, self.tenant
+                CREATE_CONVERSATION,
+                conversation_id,
+                tenant_id,
+                created_at,
+                metadata,
+                self.tenant,
+                app_name,
+                user_id,
+                touched_at,
+                state_json,
             )
         return bool(created)
+
+    async def read_state(
+        self, conversation_id: UUID | None, tenant_id: str, scopes: Sequence[str]
+    ) -> StateSnapshot | None:
+        with translated_errors():
+            rows = await self._pool.fetch(
+                READ_STATE, conversation_id, tenant_id, list(scopes), self.tenant
+            )
+        own = next((row for row in rows if row[0] is None), None)
+        if conversation_id is not None and own is None:
+            return None
+        return StateSnapshot(
+            conversation=own[1] if own is not None else {},
+            shared={row[0]: row[1] for row in rows if row[0] is not None},
+            last_seq=own[2] if own is not None else None,
+            touched_at=own[3] if own is not None else None,
+        )
+
+    async def list_by_user(
+        self,
+        tenant_id: str,
+        app_name: str,
+        user_id: str | None,
+        after: tuple[str, UUID] | None,
+        limit: int,
+    ) -> list[Conversation]:
+        after_user, after_id = after if after is not None else (None, None)
+        with translated_errors():
+            rows = await self._pool.fetch(
+                LIST_BY_USER, tenant_id, app_name, user_id, after_user, after_id, limit,
+                self.tenant,
+            )  # fmt: skip
+        return [decode_conversation(row) for row in rows]
 
     async def append(
         self, conversation_id: UUID, batch: PreparedBatch, trigger: EpisodicCompactionConfig
@@ -445,6 +519,16 @@ class PostgresBackend:
             batch.opened_offsets or None,
             batch.closed_ids or None,
         )
+        if batch.state_json is not None or batch.touched_at is not None:
+            return await _write(
+                self._pool,
+                APPEND_WITH_STATE,
+                *request,
+                trigger_document(trigger),
+                self.tenant,
+                batch.state_json,
+                batch.touched_at,
+            )
         if self._appends is None:
             return await _write(
                 self._pool, APPEND, *request, trigger_document(trigger), self.tenant
@@ -500,7 +584,7 @@ class PostgresBackend:
         rows = await connection.fetch(
             READ_TAIL_AFTER, conversation_id, planner.covers_through_seq, self.tenant
         )
-        if head is None:
+        if head is None or head["deleted_at"] is not None:
             return True, None
         # The tail was read a moment after the head: keep it consistent with the head read
         # (the conditional write refuses if the head moved, and the loop plans again).
@@ -550,7 +634,7 @@ class PostgresBackend:
     ) -> tuple[bool, tuple[bool, PlannedEvent | None]]:
         """One optimistic try, like :meth:`_try_boundary`: (done, (found, written))."""
         head = await connection.fetchrow(READ_HEAD, conversation_id, self.tenant)
-        if head is None:
+        if head is None or head["deleted_at"] is not None:
             return True, (False, None)
         rows = await connection.fetch(READ_TAIL_AFTER, conversation_id, None, self.tenant)
         state = decode_head_state(head)

@@ -17,10 +17,12 @@ from episodic.models import (
     BoundaryEvent,
     ClearEvent,
     Conversation,
+    DeletionEvent,
     Message,
     MessageEvent,
     RetractionEvent,
     RunCompletedEvent,
+    StateEvent,
     StoredEvent,
     Usage,
     UsageEvent,
@@ -145,6 +147,11 @@ class HeadCounters:
             self, last_seq=seq, usage_input_tokens=usage.input_tokens, tokens_since_usage=0
         )
 
+    def after_event(self, *, seq: int) -> HeadCounters:
+        """The counters once an event that changes nothing in view is stored at ``seq`` (a
+        state change, a deletion)."""
+        return replace(self, last_seq=seq)
+
     def after_clear(self, *, seq: int) -> HeadCounters:
         """The counters once a clear is stored at ``seq``: the view starts after it, so the
         cut moves there and the context's counters start again from nothing (calls still
@@ -244,6 +251,8 @@ def rebuild_head(events: Iterable[StoredEvent]) -> HeadCounters:
             head = head.after_clear(seq=event.seq)
         elif isinstance(event, UsageEvent):
             head = head.after_usage(event.usage, seq=event.seq)
+        elif isinstance(event, StateEvent | DeletionEvent):
+            head = head.after_event(seq=event.seq)
         seen.append(event)
     return head
 

@@ -20,6 +20,7 @@ Outcome = Literal[
     "appended",
     "replayed",
     "not_found",
+    "deleted",
     "conflict",
     "idempotency_mismatch",
     "client_id_reused",

@@ -13,6 +13,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     Index,
     Integer,
     MetaData,
@@ -81,9 +82,28 @@ conversations = Table(
     # When the latest boundary was written: the age the age_and_turns rule measures is that
     # of the current context, so an old conversation just compacted is not due again at once.
     Column("boundary_at", Timestamp, nullable=True),
+    # Who the conversation is listed under, given at creation (list_by_user).
+    Column("app_name", Text(), nullable=True),
+    Column("user_id", Text(), nullable=True),
+    # The caller's time of its latest write, in seconds since the epoch, exact.
+    Column("touched_at", Float(), nullable=True),
+    # The conversation's own state: a projection of its state events.
+    Column("state", JsonDocument, nullable=True),
+    # When it was deleted: hidden, closed to writes, its log kept.
+    Column("deleted_at", Timestamp, nullable=True),
     # The worker's queue: conversations due for compaction, by when they may next be tried.
     # A tenant's conversations, newest first (list_conversations).
     Index("ix_episodic_conversations_tenant_created", "tenant_id", "created_at", "conversation_id"),
+    # An app's conversations, by user (not by touched_at: every write moves it).
+    Index(
+        "ix_episodic_conversations_listed",
+        "tenant_id",
+        "app_name",
+        "user_id",
+        "conversation_id",
+        postgresql_where=text("app_name IS NOT NULL AND deleted_at IS NULL"),
+        sqlite_where=text("app_name IS NOT NULL AND deleted_at IS NULL"),
+    ),
     Index(
         "ix_episodic_conversations_due",
         "next_attempt_at",
@@ -117,7 +137,8 @@ events = Table(
     Column("request_hash", Text(), nullable=True),
     Column("batch_size", Integer(), nullable=True),
     CheckConstraint(
-        "kind IN ('message', 'boundary', 'run_completed', 'retraction', 'clear', 'usage')",
+        "kind IN ('message', 'boundary', 'run_completed', 'retraction', 'clear', 'usage', "
+        "'state', 'deletion')",
         name="kind",
     ),
     CheckConstraint("seq > 0", name="seq_positive"),
@@ -162,6 +183,16 @@ compaction_attempts = Table(
     Column("boundary_seq", BigInteger(), nullable=True),
 )
 
+# State shared by a tenant's conversations, by scope: a projection of their state events.
+shared_state = Table(
+    "episodic_shared_state",
+    metadata,
+    Column("tenant_id", Text(), primary_key=True),
+    Column("scope", Text(), primary_key=True),
+    Column("state", JsonDocument, nullable=False),
+    Column("updated_at", Timestamp, nullable=False),
+)
+
 #: Tables whose rows are never updated or deleted (database triggers refuse it).
 APPEND_ONLY_TABLES = (events.name, compaction_attempts.name)
 
@@ -173,4 +204,5 @@ __all__ = [
     "conversations",
     "events",
     "metadata",
+    "shared_state",
 ]

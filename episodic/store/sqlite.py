@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
+import orjson
 from sqlalchemy import Select, and_, column, event, func, insert, or_, select, table, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection as SyncConnection
@@ -57,7 +58,8 @@ from episodic.store.engine import DatabaseUrl
 from episodic.store.migrate import SchemaMigration, upgrade_to_head
 from episodic.store.projection import HeadCounters
 from episodic.store.rules import PriorBatch, abandoned_in, append_refusal, needs_abandoned_calls
-from episodic.store.schema import compaction_attempts, conversations, events
+from episodic.store.schema import compaction_attempts, conversations, events, shared_state
+from episodic.store.state import StateSnapshot
 from episodic.store.translate import translated_errors
 
 _WRITE = "episodic_write"
@@ -136,12 +138,16 @@ class SqliteBackend:
 
     @asynccontextmanager
     async def _write_to(
-        self, conversation_id: UUID
+        self, conversation_id: UUID, *, deleted_too: bool = False
     ) -> AsyncIterator[tuple[AsyncConnection, Mapping[str, Any] | None]]:
         """A write transaction and, read in it, the conversation's head (None when it is not
-        there, or not this scope's): what every write of one conversation starts from."""
+        there, or not this scope's, or deleted unless ``deleted_too``): what every write of
+        one conversation starts from."""
         async with self._write() as conn:
-            yield conn, await _head(conn, conversation_id, self.tenant)
+            head = await _head(conn, conversation_id, self.tenant)
+            if head is not None and head["deleted_at"] is not None and not deleted_too:
+                head = None
+            yield conn, head
 
     @classmethod
     async def connect(cls, url: DatabaseUrl) -> SqliteBackend:
@@ -184,9 +190,20 @@ class SqliteBackend:
             return revision
 
     async def create_conversation(
-        self, conversation_id: UUID, tenant_id: str, metadata: dict[str, Any], created_at: datetime
+        self,
+        conversation_id: UUID,
+        tenant_id: str,
+        metadata: dict[str, Any],
+        created_at: datetime,
+        *,
+        listed: tuple[str, str] | None = None,
+        touched_at: float | None = None,
+        state_json: str | None = None,
     ) -> bool:
-        # Only a taken id is "not created"; any other refusal is translated as one.
+        # The twin of episodic_create_conversation. Only a taken id is "not created"; any
+        # other refusal is translated as one.
+        app_name, user_id = listed if listed is not None else (None, None)
+        change = orjson.loads(state_json) if state_json is not None else {}
         statement = (
             sqlite_insert(conversations)
             .values(
@@ -195,21 +212,93 @@ class SqliteBackend:
                 created_at=created_at,
                 metadata=metadata,
                 open_tool_calls={},
+                app_name=app_name,
+                user_id=user_id,
+                touched_at=touched_at,
+                last_seq=0 if state_json is None else 1,
+                state=change.get("conversation"),
             )
             .on_conflict_do_nothing(index_elements=["conversation_id"])
         )
         async with self._write() as conn:
             result = await conn.execute(statement)
-        return bool(result.rowcount == 1)
+            if result.rowcount != 1:
+                return False
+            if state_json is not None:
+                await _insert_state_event(
+                    conn, conversation_id, tenant_id, 1, created_at, state_json
+                )
+                await _apply_shared_state(conn, tenant_id, change.get("shared"), created_at)
+        return True
+
+    async def read_state(
+        self, conversation_id: UUID | None, tenant_id: str, scopes: Sequence[str]
+    ) -> StateSnapshot | None:
+        async with self._read() as conn:
+            head = None
+            if conversation_id is not None:
+                head = await _head(conn, conversation_id, self.tenant)
+                if head is None or head["deleted_at"] is not None:
+                    return None
+                tenant_id = head["tenant_id"]
+            elif self.tenant is not None:
+                tenant_id = self.tenant
+            rows = await conn.execute(
+                select(shared_state.c.scope, shared_state.c.state).where(
+                    shared_state.c.tenant_id == tenant_id, shared_state.c.scope.in_(list(scopes))
+                )
+            )
+            shared = {scope: state for scope, state in rows}
+        return StateSnapshot(
+            conversation=(head["state"] or {}) if head is not None else {},
+            shared=shared,
+            last_seq=head["last_seq"] if head is not None else None,
+            touched_at=head["touched_at"] if head is not None else None,
+        )
+
+    async def list_by_user(
+        self,
+        tenant_id: str,
+        app_name: str,
+        user_id: str | None,
+        after: tuple[str, UUID] | None,
+        limit: int,
+    ) -> list[Conversation]:
+        head = conversations.c
+        query = (
+            select(conversations)
+            .where(
+                head.tenant_id == (self.tenant or tenant_id),
+                head.app_name == app_name,
+                head.deleted_at.is_(None),
+            )
+            .order_by(head.user_id, head.conversation_id)
+            .limit(limit)
+        )
+        if user_id is not None:
+            query = query.where(head.user_id == user_id)
+        if after is not None:
+            after_user, after_id = after
+            query = query.where(
+                or_(
+                    head.user_id > after_user,
+                    and_(head.user_id == after_user, head.conversation_id > after_id),
+                )
+            )
+        async with self._read() as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return [decode_conversation(dict(row)) for row in rows]
 
     async def append(
         self, conversation_id: UUID, batch: PreparedBatch, trigger: EpisodicCompactionConfig
     ) -> WriteOutcome:
         # The same checks, in the same order, as the PostgreSQL function episodic_append.
-        async with self._write_to(conversation_id) as (conn, head):
+        async with self._write_to(conversation_id, deleted_too=True) as (conn, head):
             if head is None:
                 return WriteOutcome("not_found")
             counters = decode_counters(head)
+            if head["deleted_at"] is not None:
+                return WriteOutcome("deleted", seq=counters.last_seq)
             prior = None
             if batch.idempotency_key is not None:
                 found = (
@@ -276,9 +365,19 @@ class SqliteBackend:
                     }
                 )
             await conn.execute(insert(events), rows)
-            await _save_counters(
-                conn, conversation_id, counters, **_due_marking(head, counters, trigger, now)
-            )
+            extra = _due_marking(head, counters, trigger, now)
+            if batch.state_json is not None:
+                seq = counters.last_seq + 1
+                change = orjson.loads(batch.state_json)
+                await _insert_state_event(
+                    conn, conversation_id, head["tenant_id"], seq, now, batch.state_json
+                )
+                await _apply_shared_state(conn, head["tenant_id"], change.get("shared"), now)
+                counters = counters.after_event(seq=seq)
+                extra["state"] = {**(head["state"] or {}), **change.get("conversation", {})}
+            if batch.touched_at is not None:
+                extra["touched_at"] = batch.touched_at
+            await _save_counters(conn, conversation_id, counters, **extra)
             return WriteOutcome("appended", seq=last_seq + 1, created_at=now)
 
     async def mark_run_completed(
@@ -375,6 +474,9 @@ class SqliteBackend:
             extra = _due_marking(head, planned.counters, trigger, now)
             if planned.context_since is not None:
                 extra["boundary_at"] = planned.context_since
+            if event.kind == "deletion":
+                # hidden, and off the worker's queue
+                extra.update(deleted_at=event.created_at, due_since=None, due_reason=None)
             await _save_counters(conn, conversation_id, planned.counters, **extra)
         return True, planned
 
@@ -535,7 +637,7 @@ class SqliteBackend:
     async def load_tail(self, conversation_id: UUID, *, with_events: bool) -> Tail | None:
         async with self._read() as conn:
             head = await _head(conn, conversation_id, self.tenant)
-            if head is None:
+            if head is None or head["deleted_at"] is not None:
                 return None
             rows = await conn.execute(_after(conversation_id, head["covers_through_seq"], None))
             return decode_tail(
@@ -655,6 +757,48 @@ async def _head(
     result = await conn.execute(query)
     row = result.mappings().first()
     return dict(row) if row is not None else None
+
+
+async def _insert_state_event(
+    conn: AsyncConnection,
+    conversation_id: UUID,
+    tenant_id: str,
+    seq: int,
+    created_at: datetime,
+    payload: str,
+) -> None:
+    await conn.execute(
+        insert(events).values(
+            conversation_id=conversation_id,
+            seq=seq,
+            tenant_id=tenant_id,
+            kind="state",
+            created_at=created_at,
+            token_estimate=0,
+            payload=payload,
+        )
+    )
+
+
+async def _apply_shared_state(
+    conn: AsyncConnection, tenant_id: str, shared: dict[str, Any] | None, now: datetime
+) -> None:
+    """The twin of episodic_apply_shared_state: each key replaces the scope's value."""
+    for scope, delta in sorted((shared or {}).items()):
+        stored = await conn.scalar(
+            select(shared_state.c.state).where(
+                shared_state.c.tenant_id == tenant_id, shared_state.c.scope == scope
+            )
+        )
+        statement = sqlite_insert(shared_state).values(
+            tenant_id=tenant_id, scope=scope, state={**(stored or {}), **delta}, updated_at=now
+        )
+        await conn.execute(
+            statement.on_conflict_do_update(
+                index_elements=["tenant_id", "scope"],
+                set_={"state": statement.excluded.state, "updated_at": now},
+            )
+        )
 
 
 def _of_tenant(tenant: str | None) -> list[Any]:

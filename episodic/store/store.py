@@ -14,6 +14,7 @@ from pydantic import JsonValue
 from episodic.context import Context, compose_context
 from episodic.errors import (
     ConflictError,
+    ConversationDeletedError,
     DuplicateToolCallError,
     IdempotencyMismatchError,
     NotFoundError,
@@ -25,9 +26,11 @@ from episodic.models import (
     BoundaryEvent,
     ClearEvent,
     Conversation,
+    DeletionEvent,
     Message,
     MessageEvent,
     RunCompletedEvent,
+    StateChange,
     StoredEvent,
     Usage,
     UsageEvent,
@@ -74,7 +77,13 @@ from episodic.store.postgres import PostgresBackend
 from episodic.store.projection import HeadState, abandoned_result_tokens, counters_of
 from episodic.store.retry import retry_transient
 from episodic.store.sqlite import SqliteBackend
-from episodic.store.view_changes import plan_clear, plan_retraction, plan_usage
+from episodic.store.state import (
+    MAX_SCOPE_LENGTH,
+    StateSnapshot,
+    check_touched_at,
+    encode_state_change,
+)
+from episodic.store.view_changes import plan_clear, plan_deletion, plan_retraction, plan_usage
 from episodic.tokens import TokenEstimator, estimator_from_name
 
 DEFAULT_TENANT = "default"
@@ -245,10 +254,19 @@ class EpisodicStore:
         tenant_id: str | None = None,
         metadata: Mapping[str, JsonValue] | None = None,
         conversation_id: UUID | str | None = None,
+        app_name: str | None = None,
+        user_id: str | None = None,
+        state: StateChange | None = None,
+        touched_at: float | None = None,
     ) -> UUID:
         """Start a conversation and return its id (a new UUID unless you pass one).
         ``tenant_id`` defaults to the store's tenant (:meth:`for_tenant`), else ``"default"``;
-        a scoped store refuses another with :class:`TenantDeniedError`."""
+        a scoped store refuses another with :class:`TenantDeniedError`.
+
+        ``app_name`` and ``user_id`` (both or neither) list it for :meth:`list_by_user`;
+        ``state`` is its initial state (the log's first event, applied to the shared scopes
+        it names in the same transaction); ``touched_at`` is the caller's time of creation
+        (:attr:`Conversation.touched_at`)."""
         await self._ready()
         scope = self._backend.tenant
         if tenant_id is None:
@@ -270,9 +288,21 @@ class EpisodicStore:
                 f"metadata is {len(encoded):,} bytes encoded, over {self.max_message_bytes:,}",
                 field="metadata",
             )
+        listed = _listing(app_name, user_id)
+        state_json = (
+            encode_state_change(state, max_bytes=self.max_message_bytes)
+            if state is not None
+            else None
+        )
         cid = uuid4() if conversation_id is None else parse_conversation_id(conversation_id)
         created = await self._backend.create_conversation(
-            cid, tenant_id, orjson.loads(encoded), datetime.now(UTC)
+            cid,
+            tenant_id,
+            orjson.loads(encoded),
+            datetime.now(UTC),
+            listed=listed,
+            touched_at=check_touched_at(touched_at),
+            state_json=state_json,
         )
         if not created:
             raise ConflictError(f"conversation {cid} already exists", conversation_id=cid)
@@ -286,6 +316,76 @@ class EpisodicStore:
         if head is None:
             raise NotFoundError(cid)
         return head
+
+    async def list_by_user(
+        self,
+        app_name: str,
+        user_id: str | None = None,
+        *,
+        limit: int = 100,
+        after: Conversation | None = None,
+        tenant_id: str | None = None,
+    ) -> list[Conversation]:
+        """The conversations listed under ``app_name`` (and ``user_id``; every user's when
+        None) that are not deleted, at most ``limit``, in (user id, conversation id) order:
+        one page of an index range, never a scan. For the next page, pass the last one as
+        ``after``. ``tenant_id``: the scoped store's, else ``"default"``."""
+        await self._ready()
+        check_limit(limit)
+        check_text(app_name, field="app_name", max_length=MAX_LISTING_LENGTH)
+        if user_id is not None:
+            check_text(user_id, field="user_id", max_length=MAX_LISTING_LENGTH, min_length=0)
+        tenant = self._tenant_for(tenant_id)
+        cursor = None
+        if after is not None:
+            if not isinstance(after, Conversation) or after.user_id is None:
+                raise ValidationError(
+                    "after must be a listed Conversation from the previous page", field="after"
+                )
+            cursor = (after.user_id, after.conversation_id)
+        return await retry_transient(
+            lambda: self._backend.list_by_user(tenant, app_name, user_id, cursor, limit),
+            safe=True,
+        )
+
+    async def read_state(
+        self,
+        conversation_id: UUID | str | None,
+        *,
+        shared: Sequence[str] = (),
+        tenant_id: str | None = None,
+    ) -> StateSnapshot:
+        """The conversation's own state and the tenant's ``shared`` scopes, as of one
+        statement (with the seq its log ended at). ``conversation_id`` None reads the scopes
+        alone, of ``tenant_id`` (the scoped store's, else ``"default"``). A scope never
+        written is left out. :class:`NotFoundError` for a conversation not there or deleted."""
+        await self._ready()
+        if isinstance(shared, str) or not isinstance(shared, Sequence):
+            raise ValidationError("shared must be a list of scope names", field="shared")
+        scopes = [check_text(s, field="shared", max_length=MAX_SCOPE_LENGTH) for s in shared]
+        cid = parse_conversation_id(conversation_id) if conversation_id is not None else None
+        tenant = self._tenant_for(tenant_id)
+        found = await retry_transient(
+            lambda: self._backend.read_state(cid, tenant, scopes), safe=True
+        )
+        if found is None:
+            assert cid is not None
+            raise NotFoundError(cid)
+        return found
+
+    def _tenant_for(self, tenant_id: str | None) -> str:
+        """The tenant a read across conversations is of: the scope's (another is refused),
+        else the one given, else the default."""
+        scope = self._backend.tenant
+        if tenant_id is None:
+            return scope or DEFAULT_TENANT
+        check_tenant(tenant_id)
+        if scope is not None and tenant_id != scope:
+            raise TenantDeniedError(
+                f"this store is scoped to tenant {scope!r} and cannot read tenant {tenant_id!r}",
+                tenant_id=tenant_id,
+            )
+        return tenant_id
 
     async def list_conversations(
         self, *, limit: int = 100, before: UUID | str | None = None
@@ -310,6 +410,8 @@ class EpisodicStore:
         idempotency_key: str | None = None,
         expected_seq: int | None = None,
         usage: Usage | None = None,
+        state: StateChange | None = None,
+        touched_at: float | None = None,
     ) -> list[MessageEvent]:
         """Append a batch atomically and return the stored events, with their seqs.
 
@@ -317,7 +419,10 @@ class EpisodicStore:
         result and writes nothing (a batch whose first message has a ``client_id`` is keyed by
         it when no key is given). ``expected_seq``: refuse with :class:`ConflictError` unless
         the conversation's last seq is this. ``usage``: the provider-reported usage of the
-        model call that produced these messages. One round trip on PostgreSQL.
+        model call that produced these messages. ``state``: a :class:`StateChange` the
+        batch makes, appended after its messages (one more seq) and applied in the same
+        transaction. ``touched_at``: the caller's time of the write
+        (:attr:`Conversation.touched_at`). One round trip on PostgreSQL.
 
         A dropped connection is retried only when the batch is keyed (idempotency key or
         client ids), since only then is a retry of a write that did commit harmless; otherwise
@@ -333,6 +438,8 @@ class EpisodicStore:
             idempotency_key=idempotency_key,
             expected_seq=expected_seq,
             usage=usage,
+            state=state,
+            touched_at=touched_at,
         )
         result = await retry_transient(
             lambda: self._backend.append(cid, batch, self.trigger),
@@ -390,6 +497,26 @@ class EpisodicStore:
             return None
         assert isinstance(written.event, ClearEvent)
         return written.event.model_copy(update={"created_at": utc(written.event.created_at)})
+
+    async def delete_conversation(self, conversation_id: UUID | str) -> DeletionEvent | None:
+        """Delete the conversation: a :class:`DeletionEvent` is appended and from then on it
+        is not listed, loads as not found and refuses every write
+        (:class:`ConversationDeletedError`); its log is kept (:meth:`read_events` still reads
+        it) until an erasure. None when it was already deleted."""
+        cid = await self._parsed(conversation_id)
+        head = await retry_transient(lambda: self._backend.get_conversation(cid), safe=True)
+        if head is None:
+            raise NotFoundError(cid)
+        if head.deleted_at is not None:
+            return None
+        written = await self._backend.write_event(
+            cid, lambda state, tail, now: plan_deletion(cid, state, now), self.trigger
+        )
+        found, event = written
+        if not found or event is None:
+            return None  # deleted meanwhile, by another caller
+        assert isinstance(event.event, DeletionEvent)
+        return event.event.model_copy(update={"created_at": utc(event.event.created_at)})
 
     async def report_usage(self, conversation_id: UUID | str, usage: Usage) -> UsageEvent:
         """Record a provider's usage for the messages appended before it (when it comes after
@@ -646,6 +773,24 @@ def _stored_batch(
     ]
 
 
+#: The longest app name or user id a conversation is listed under.
+MAX_LISTING_LENGTH = 512
+
+
+def _listing(app_name: str | None, user_id: str | None) -> tuple[str, str] | None:
+    if app_name is None and user_id is None:
+        return None
+    if app_name is None or user_id is None:
+        raise ValidationError(
+            "a conversation is listed under an app and a user: give both app_name and "
+            "user_id, or neither",
+            field="app_name" if app_name is None else "user_id",
+        )
+    check_text(app_name, field="app_name", max_length=MAX_LISTING_LENGTH)
+    check_text(user_id, field="user_id", max_length=MAX_LISTING_LENGTH, min_length=0)
+    return app_name, user_id
+
+
 def _raise_for_refusal(
     cid: UUID, result: WriteOutcome, *, expected_seq: int | None, key: str | None
 ) -> None:
@@ -654,6 +799,8 @@ def _raise_for_refusal(
         return
     if outcome == "not_found":
         raise NotFoundError(cid)
+    if outcome == "deleted":
+        raise ConversationDeletedError(cid)
     if outcome == "conflict":
         raise ConflictError(
             f"conversation {cid} is at seq {result.seq}, not the expected {expected_seq}; "

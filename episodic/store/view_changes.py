@@ -1,6 +1,7 @@
 """The events planned from the head rather than appended by a function of the database: a
 retraction and a clear, which change what is in view without rewriting the log
-(episodic/view.py says what is in view), and a usage report that comes after its messages.
+(episodic/view.py says what is in view), a usage report that comes after its messages, and
+a deletion.
 Each is planned here from the head and the events after its cut, and the backend writes it
 only if the head has not moved since, so two concurrent retractions take back two messages,
 never one twice."""
@@ -10,7 +11,14 @@ from __future__ import annotations
 from datetime import datetime
 from uuid import UUID
 
-from episodic.models import ClearEvent, RetractionEvent, StoredEvent, Usage, UsageEvent
+from episodic.models import (
+    ClearEvent,
+    DeletionEvent,
+    RetractionEvent,
+    StoredEvent,
+    Usage,
+    UsageEvent,
+)
 from episodic.store.backend import PlannedEvent
 from episodic.store.codec import encode_json
 from episodic.store.projection import HeadState
@@ -71,4 +79,13 @@ def plan_usage(conversation_id: UUID, usage: Usage, head: HeadState, now: dateti
     )
 
 
-__all__ = ["plan_clear", "plan_retraction", "plan_usage"]
+def plan_deletion(conversation_id: UUID, head: HeadState, now: datetime) -> PlannedEvent:
+    """Delete the conversation: a tombstone after its last event (the head hides it)."""
+    seq = head.counters.last_seq + 1
+    event = DeletionEvent(
+        conversation_id=conversation_id, seq=seq, created_at=now, token_estimate=0
+    )
+    return PlannedEvent(event=event, payload="{}", counters=head.counters.after_event(seq=seq))
+
+
+__all__ = ["plan_clear", "plan_deletion", "plan_retraction", "plan_usage"]

@@ -33,6 +33,7 @@ from episodic import (
     EpisodicStore,
     Message,
     NotFoundError,
+    StateChange,
     TenantDeniedError,
     ToolCall,
 )
@@ -45,7 +46,12 @@ from tests.reliability.rls import APP, OWNER, WORKER, RlsDatabase, rls_database,
 from tests.reliability.sizes import size
 
 TENANTS = ("acme", "globex")
-TENANT_TABLES = ("episodic_conversations", "episodic_events", "episodic_compaction_attempts")
+TENANT_TABLES = (
+    "episodic_conversations",
+    "episodic_events",
+    "episodic_compaction_attempts",
+    "episodic_shared_state",
+)
 APPEND_ONLY = ("episodic_events", "episodic_compaction_attempts")
 RUNTIME_GROUPS = ("episodic_app", "episodic_worker")
 
@@ -76,7 +82,10 @@ async def _seed(app: EpisodicStore) -> dict[str, list[UUID]]:
         scoped = app.for_tenant(tenant)
         owned[tenant] = []
         for index in range(3):
-            conv = await scoped.create_conversation(metadata={"tenant": tenant})
+            conv = await scoped.create_conversation(
+                metadata={"tenant": tenant},
+                state=StateChange(shared={f"scope{index}": {"secret": tenant}}),
+            )
             for turn in range(2):
                 await scoped.append(
                     conv,
@@ -183,6 +192,8 @@ async def test_t11_every_identity_reaches_only_its_own_tenant(rls: RlsDatabase) 
                 (OWNER, a, {a}),
                 (WORKER, b, {b}),
             ):
+                if role == WORKER and table == "episodic_shared_state":
+                    continue  # the worker is granted nothing on shared state
                 rows = await _raw(rls, role, tenant, f"SELECT DISTINCT tenant_id FROM {table}")
                 seen = {r["tenant_id"] for r in rows}  # type: ignore[attr-defined]
                 if role == WORKER and table == "episodic_conversations":
@@ -358,7 +369,7 @@ async def test_t11_catalog_audit(rls: RlsDatabase) -> None:
             "WHERE relname = ANY($1) AND relkind = 'r'",
             list(TENANT_TABLES),
         )
-        assert len(tables) == 3
+        assert len(tables) == len(TENANT_TABLES)
         assert all(t["relrowsecurity"] and t["relforcerowsecurity"] for t in tables), tables
         views = await connection.fetchval(
             "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "

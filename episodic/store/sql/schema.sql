@@ -90,6 +90,16 @@ CREATE TABLE episodic_conversations (
     -- When the latest boundary was written: the age rule measures the current context's age,
     -- so an old conversation just compacted is not due again at once. (Last: a later column.)
     boundary_at timestamp with time zone,
+    -- Who the conversation is listed under (an app and a user of it), given at creation.
+    app_name text,
+    user_id text,
+    -- The caller's time of its latest write, in seconds since the epoch (an agent framework's
+    -- event timestamp, kept exact as the double it was): what a listing shows as updated.
+    touched_at double precision,
+    -- The conversation's own state: a projection of its state events (NULL: none yet).
+    state jsonb,
+    -- When it was deleted: hidden from listings and loads, closed to writes, its log kept.
+    deleted_at timestamp with time zone,
     CONSTRAINT pk_episodic_conversations PRIMARY KEY (conversation_id)
 )
 -- Every append updates its head: room on the page keeps the update HOT (no index entry,
@@ -102,6 +112,11 @@ CREATE INDEX ix_episodic_conversations_due ON episodic_conversations
 -- A tenant's conversations, newest first (list_conversations).
 CREATE INDEX ix_episodic_conversations_tenant_created ON episodic_conversations
     USING btree (tenant_id, created_at, conversation_id);
+-- An app's conversations, by user (list_by_user). Not by touched_at: every write moves it,
+-- and an index on it would make every head update a non-HOT one.
+CREATE INDEX ix_episodic_conversations_listed ON episodic_conversations
+    USING btree (tenant_id, app_name, user_id, conversation_id)
+    WHERE ((app_name IS NOT NULL) AND (deleted_at IS NULL));
 
 -- The log: one row per event, never updated or deleted. seq is gapless from 1 in each
 -- conversation; the head's row lock serializes appends. No foreign key to the head: every
@@ -125,7 +140,8 @@ CREATE TABLE episodic_events (
     batch_size integer,
     CONSTRAINT ck_episodic_events_kind
         CHECK ((kind = ANY (ARRAY['message'::text, 'boundary'::text, 'run_completed'::text,
-                               'retraction'::text, 'clear'::text, 'usage'::text]))),
+                               'retraction'::text, 'clear'::text, 'usage'::text,
+                               'state'::text, 'deletion'::text]))),
     CONSTRAINT ck_episodic_events_seq_positive CHECK ((seq > 0)),
     CONSTRAINT pk_episodic_events PRIMARY KEY (conversation_id, seq)
 );
@@ -136,6 +152,17 @@ CREATE UNIQUE INDEX uq_episodic_events_conversation_id_client_id ON episodic_eve
     USING btree (conversation_id, client_id) WHERE (client_id IS NOT NULL);
 CREATE UNIQUE INDEX uq_episodic_events_conversation_id_idempotency_key ON episodic_events
     USING btree (conversation_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
+
+-- State shared by a tenant's conversations, by scope (Google ADK's app and user state): like
+-- the head, a mutable projection of the log (the state events that changed it, in order).
+-- Keyed by tenant, not conversation: every conversation of the scope reads the same row.
+CREATE TABLE episodic_shared_state (
+    tenant_id text NOT NULL,
+    scope text NOT NULL,
+    state jsonb NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    CONSTRAINT pk_episodic_shared_state PRIMARY KEY (tenant_id, scope)
+);
 
 -- The ledger of compaction attempts: every attempt, whatever its outcome, append-only.
 CREATE TABLE episodic_compaction_attempts (
@@ -215,6 +242,8 @@ ALTER TABLE episodic_events ENABLE ROW LEVEL SECURITY;
 ALTER TABLE episodic_events FORCE ROW LEVEL SECURITY;
 ALTER TABLE episodic_compaction_attempts ENABLE ROW LEVEL SECURITY;
 ALTER TABLE episodic_compaction_attempts FORCE ROW LEVEL SECURITY;
+ALTER TABLE episodic_shared_state ENABLE ROW LEVEL SECURITY;
+ALTER TABLE episodic_shared_state FORCE ROW LEVEL SECURITY;
 
 CREATE POLICY episodic_tenant_rows ON episodic_conversations
     USING ((tenant_id = current_setting('episodic.tenant_id'::text, true)))
@@ -223,6 +252,9 @@ CREATE POLICY episodic_tenant_rows ON episodic_events
     USING ((tenant_id = current_setting('episodic.tenant_id'::text, true)))
     WITH CHECK ((tenant_id = current_setting('episodic.tenant_id'::text, true)));
 CREATE POLICY episodic_tenant_rows ON episodic_compaction_attempts
+    USING ((tenant_id = current_setting('episodic.tenant_id'::text, true)))
+    WITH CHECK ((tenant_id = current_setting('episodic.tenant_id'::text, true)));
+CREATE POLICY episodic_tenant_rows ON episodic_shared_state
     USING ((tenant_id = current_setting('episodic.tenant_id'::text, true)))
     WITH CHECK ((tenant_id = current_setting('episodic.tenant_id'::text, true)));
 CREATE POLICY episodic_all_tenants_rows ON episodic_conversations
@@ -234,6 +266,10 @@ CREATE POLICY episodic_all_tenants_rows ON episodic_events
     USING (true)
     WITH CHECK (true);
 CREATE POLICY episodic_all_tenants_rows ON episodic_compaction_attempts
+    TO episodic_all_tenants
+    USING (true)
+    WITH CHECK (true);
+CREATE POLICY episodic_all_tenants_rows ON episodic_shared_state
     TO episodic_all_tenants
     USING (true)
     WITH CHECK (true);
@@ -253,7 +289,8 @@ CREATE POLICY episodic_worker_ledger ON episodic_compaction_attempts
     USING (true);
 
 -- No UPDATE or DELETE of events or attempts for anyone: 42501 before any trigger runs. The
--- worker may UPDATE only the head's counter and lease columns, never its tenant or metadata.
+-- worker may UPDATE only the head's counter, state and lease columns, never its tenant or
+-- metadata.
 GRANT SELECT ON episodic_alembic_version TO episodic_app, episodic_worker, episodic_all_tenants;
 GRANT SELECT, INSERT, UPDATE ON episodic_conversations TO episodic_app;
 GRANT SELECT, INSERT ON episodic_events TO episodic_app;
@@ -264,10 +301,11 @@ GRANT UPDATE (
     user_messages_since_boundary, run_completed_since_boundary,
     user_messages_since_run_completed, context_tokens, usage_input_tokens, tokens_since_usage,
     due_since, due_reason, next_attempt_at, compaction_attempts, last_error, dead_since,
-    lease_owner, lease_token, lease_expires_at, boundary_at
+    lease_owner, lease_token, lease_expires_at, boundary_at, touched_at, state, deleted_at
 ) ON episodic_conversations TO episodic_worker;
 GRANT SELECT, INSERT ON episodic_events TO episodic_worker;
 GRANT SELECT, INSERT ON episodic_compaction_attempts TO episodic_worker;
+GRANT SELECT, INSERT, UPDATE ON episodic_shared_state TO episodic_app, episodic_all_tenants;
 GRANT SELECT, INSERT, UPDATE ON episodic_conversations TO episodic_all_tenants;
 GRANT SELECT, INSERT ON episodic_events, episodic_compaction_attempts TO episodic_all_tenants;
 
@@ -290,8 +328,8 @@ BEGIN
 END
 $fn$;
 
--- The head, locked, for a write (all NULL when the conversation is not there, or not the
--- scope's). The row lock serializes writes to one conversation: seqs are gapless and a batch
+-- The head, locked, for a write (all NULL when the conversation is not there, not the
+-- scope's, or deleted). The row lock serializes writes to one conversation: seqs are gapless and a batch
 -- never interleaves with another. In READ COMMITTED each later statement of the caller takes
 -- a fresh snapshot, so once the lock is held it sees everything the previous holder committed.
 CREATE FUNCTION episodic_lock_head(p_conversation_id uuid, p_scope text)
@@ -305,6 +343,7 @@ BEGIN
     SELECT * INTO v_head FROM episodic_conversations c
      WHERE c.conversation_id = p_conversation_id
        AND (p_scope IS NULL OR c.tenant_id = p_scope)
+       AND c.deleted_at IS NULL
        FOR UPDATE;
     RETURN v_head;
 END
@@ -413,22 +452,60 @@ $fn$;
 
 -- ==== The request path ======================================================================
 
+-- A state change's shared part ({scope: {key: value}}) applied to the tenant's scopes: each
+-- key replaces the stored value (|| is a shallow merge). Rows are locked in scope order, so
+-- two writers that share scopes cannot deadlock on each other.
+CREATE FUNCTION episodic_apply_shared_state(p_tenant_id text, p_shared jsonb) RETURNS void
+    LANGUAGE plpgsql
+    AS $fn$
+BEGIN
+    IF p_shared IS NULL OR p_shared = '{}'::jsonb THEN
+        RETURN;
+    END IF;
+    INSERT INTO episodic_shared_state AS s (tenant_id, scope, state, updated_at)
+    SELECT p_tenant_id, j.key, j.value, now()
+      FROM jsonb_each(p_shared) AS j
+     ORDER BY j.key COLLATE "C"
+    ON CONFLICT (tenant_id, scope) DO UPDATE
+       SET state = s.state || excluded.state, updated_at = excluded.updated_at;
+END
+$fn$;
+
 CREATE FUNCTION episodic_create_conversation(
     p_conversation_id uuid,
     p_tenant_id text,
     p_created_at timestamp with time zone,
     p_metadata jsonb,
-    p_scope text DEFAULT NULL::text
+    p_scope text DEFAULT NULL::text,
+    p_app_name text DEFAULT NULL::text,
+    p_user_id text DEFAULT NULL::text,
+    p_touched_at double precision DEFAULT NULL::double precision,
+    p_state text DEFAULT NULL::text
 ) RETURNS boolean
     LANGUAGE plpgsql
     AS $fn$
+DECLARE
+    v_change jsonb := p_state::jsonb;
 BEGIN
     PERFORM episodic_set_tenant(p_scope);
     INSERT INTO episodic_conversations (conversation_id, tenant_id, created_at, metadata,
-                                        open_tool_calls)
-    VALUES (p_conversation_id, p_tenant_id, p_created_at, p_metadata, '{}'::jsonb)
+                                        open_tool_calls, app_name, user_id, touched_at,
+                                        last_seq, state)
+    VALUES (p_conversation_id, p_tenant_id, p_created_at, p_metadata, '{}'::jsonb,
+            p_app_name, p_user_id, p_touched_at, CASE WHEN p_state IS NULL THEN 0 ELSE 1 END,
+            v_change -> 'conversation')
     ON CONFLICT (conversation_id) DO NOTHING;
-    RETURN FOUND;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    -- An initial state is the log's first event, so the state is still a fold of the log.
+    IF p_state IS NOT NULL THEN
+        INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
+                                     token_estimate, payload)
+        VALUES (p_conversation_id, 1, p_tenant_id, 'state', p_created_at, 0, p_state);
+        PERFORM episodic_apply_shared_state(p_tenant_id, v_change -> 'shared');
+    END IF;
+    RETURN true;
 END
 $fn$;
 
@@ -466,6 +543,11 @@ $fn$;
 -- as one row of VALUES, without unnesting arrays. Each statement of a PL/pgSQL function
 -- costs its executor's start-up on every call: these two save a third of the function's
 -- server time (bench/PROFILE.md).
+--
+-- p_state, a StateChange's JSON, is one more event after the messages (kind 'state'),
+-- applied to the head's state and the tenant's shared scopes in the same statement;
+-- p_touched_at is the caller's time of the write (the head's touched_at). A deleted
+-- conversation refuses every append ('deleted').
 CREATE FUNCTION episodic_append(
     p_conversation_id uuid,
     p_expected_seq bigint,
@@ -483,7 +565,9 @@ CREATE FUNCTION episodic_append(
     p_opened_offsets integer[],
     p_closed_ids text[],
     p_trigger jsonb,
-    p_scope text DEFAULT NULL::text
+    p_scope text DEFAULT NULL::text,
+    p_state text DEFAULT NULL::text,
+    p_touched_at double precision DEFAULT NULL::double precision
 ) RETURNS TABLE(o_outcome text, o_seq bigint, o_created_at timestamp with time zone, o_detail text)
     LANGUAGE plpgsql
     AS $fn$
@@ -496,6 +580,10 @@ DECLARE
     v_prior_hash text;
     v_bad text;
     v_head episodic_conversations;
+    v_deleted timestamptz;
+    -- a state change is one more event, after the batch's messages
+    v_change jsonb := p_state::jsonb;
+    v_extra integer := CASE WHEN p_state IS NULL THEN 0 ELSE 1 END;
 BEGIN
     IF p_scope IS NOT NULL THEN
         PERFORM episodic_set_tenant(p_scope);
@@ -503,13 +591,17 @@ BEGIN
     -- What needs the head before the write: read it under its row lock.
     IF p_idempotency_key IS NOT NULL OR p_client_ids IS NOT NULL OR p_called_ids IS NOT NULL
        OR p_closed_ids IS NOT NULL THEN
-        SELECT c.last_seq, c.open_tool_calls INTO v_last, v_open
+        SELECT c.last_seq, c.open_tool_calls, c.deleted_at INTO v_last, v_open, v_deleted
           FROM episodic_conversations c
          WHERE c.conversation_id = p_conversation_id
            AND (p_scope IS NULL OR c.tenant_id = p_scope)
            FOR UPDATE;
         IF NOT FOUND THEN
             RETURN QUERY SELECT 'not_found'::text, NULL::bigint, NULL::timestamptz, NULL::text;
+            RETURN;
+        END IF;
+        IF v_deleted IS NOT NULL THEN
+            RETURN QUERY SELECT 'deleted'::text, v_last, NULL::timestamptz, NULL::text;
             RETURN;
         END IF;
 
@@ -572,7 +664,7 @@ BEGIN
     END IF;
 
     UPDATE episodic_conversations c SET
-        last_seq = c.last_seq + v_n,
+        last_seq = c.last_seq + v_n + v_extra,
         total_user_messages = c.total_user_messages + p_user_messages,
         user_messages_since_boundary = c.user_messages_since_boundary + p_user_messages,
         user_messages_since_run_completed =
@@ -586,28 +678,36 @@ BEGIN
             WHEN p_closed_ids IS NULL AND p_opened_ids IS NULL THEN c.open_tool_calls
             ELSE episodic_open_calls_after(c.open_tool_calls, p_closed_ids, p_opened_ids,
                                            p_opened_offsets, c.last_seq)
-            END
+            END,
+        state = CASE WHEN p_state IS NULL THEN c.state
+                     ELSE COALESCE(c.state, '{}'::jsonb)
+                          || COALESCE(v_change -> 'conversation', '{}'::jsonb) END,
+        touched_at = COALESCE(p_touched_at, c.touched_at)
      WHERE c.conversation_id = p_conversation_id
        AND (p_scope IS NULL OR c.tenant_id = p_scope)
        AND (p_expected_seq IS NULL OR c.last_seq = p_expected_seq)
+       AND c.deleted_at IS NULL
     RETURNING c.* INTO v_head;
     IF NOT FOUND THEN
         -- Only without the locking read above: the head is not there, or not at p_expected_seq.
         -- A head created after this statement began is not there for the update either: that
-        -- is not_found (the caller creates or retries), never a conflict nobody asked for.
-        IF p_expected_seq IS NOT NULL THEN
-            SELECT c.last_seq INTO v_last FROM episodic_conversations c
-             WHERE c.conversation_id = p_conversation_id
-               AND (p_scope IS NULL OR c.tenant_id = p_scope);
-            IF FOUND AND v_last <> p_expected_seq THEN
-                RETURN QUERY SELECT 'conflict'::text, v_last, NULL::timestamptz, NULL::text;
-                RETURN;
-            END IF;
+        -- is not_found (the caller creates or retries), never a conflict nobody asked for. A
+        -- deletion is for good, so a deleted head says so whenever it is seen.
+        SELECT c.last_seq, c.deleted_at INTO v_last, v_deleted FROM episodic_conversations c
+         WHERE c.conversation_id = p_conversation_id
+           AND (p_scope IS NULL OR c.tenant_id = p_scope);
+        IF FOUND AND v_deleted IS NOT NULL THEN
+            RETURN QUERY SELECT 'deleted'::text, v_last, NULL::timestamptz, NULL::text;
+            RETURN;
+        END IF;
+        IF FOUND AND p_expected_seq IS NOT NULL AND v_last <> p_expected_seq THEN
+            RETURN QUERY SELECT 'conflict'::text, v_last, NULL::timestamptz, NULL::text;
+            RETURN;
         END IF;
         RETURN QUERY SELECT 'not_found'::text, NULL::bigint, NULL::timestamptz, NULL::text;
         RETURN;
     END IF;
-    v_last := v_head.last_seq - v_n;
+    v_last := v_head.last_seq - v_n - v_extra;
 
     IF v_n = 1 THEN
         INSERT INTO episodic_events (
@@ -631,6 +731,13 @@ BEGIN
                CASE WHEN t.i = 1 THEN v_n END
           FROM unnest(p_payloads, p_token_estimates, p_client_ids)
                WITH ORDINALITY AS t(payload, tokens, client_id, i);
+    END IF;
+    IF p_state IS NOT NULL THEN
+        INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
+                                     token_estimate, payload)
+        VALUES (p_conversation_id, v_last + v_n + 1, v_head.tenant_id, 'state', now(), 0,
+                p_state);
+        PERFORM episodic_apply_shared_state(v_head.tenant_id, v_change -> 'shared');
     END IF;
 
     -- episodic_mark_due's own tests first, written out: most appends leave the head not
@@ -754,9 +861,9 @@ BEGIN
 END
 $fn$;
 
--- A retraction, a clear or a usage report (episodic/store/view_changes.py), planned in Python
--- from the head and the events after its cut, written only if the head is still at
--- p_planned_last_seq: the event and the head's counters as planned, then the trigger asked on
+-- A retraction, a clear, a usage report or a deletion (episodic/store/view_changes.py), planned
+-- in Python from the head and the events after its cut, written only if the head is still at
+-- p_planned_last_seq (and not deleted): the event and the head's counters as planned, then the trigger asked on
 -- the new head, as after an append. Returns the number of events written, 0 or 1; on 0 the
 -- client plans again. (p_context_since: when the current context began, for a clear; NULL
 -- leaves it.)
@@ -798,10 +905,15 @@ BEGIN
         usage_input_tokens = p_usage_input_tokens,
         tokens_since_usage = p_tokens_since_usage,
         open_tool_calls = p_open_tool_calls,
-        boundary_at = COALESCE(p_context_since, c.boundary_at)
+        boundary_at = COALESCE(p_context_since, c.boundary_at),
+        -- a deletion hides the conversation and takes it off the worker's queue
+        deleted_at = CASE WHEN p_kind = 'deletion' THEN p_created_at ELSE c.deleted_at END,
+        due_since = CASE WHEN p_kind = 'deletion' THEN NULL ELSE c.due_since END,
+        due_reason = CASE WHEN p_kind = 'deletion' THEN NULL ELSE c.due_reason END
      WHERE c.conversation_id = p_conversation_id
        AND (p_scope IS NULL OR c.tenant_id = p_scope)
        AND c.last_seq = p_planned_last_seq
+       AND c.deleted_at IS NULL
     RETURNING c.* INTO v_head;
     IF NOT FOUND THEN
         RETURN 0;
@@ -809,7 +921,7 @@ BEGIN
     INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
                                  token_estimate, payload)
     VALUES (p_conversation_id, p_seq, v_head.tenant_id, p_kind, p_created_at, 0, p_payload);
-    IF v_head.due_since IS NULL AND v_head.dead_since IS NULL
+    IF p_kind <> 'deletion' AND v_head.due_since IS NULL AND v_head.dead_since IS NULL
        AND episodic_trigger_reason(v_head, p_trigger, now()) IS NOT NULL THEN
         PERFORM episodic_mark_due(v_head, p_trigger);
     END IF;
@@ -846,7 +958,8 @@ BEGIN
     SELECT c.last_seq, c.boundary_seq, c.covers_through_seq INTO v_last, v_boundary, v_covers
       FROM episodic_conversations c
      WHERE c.conversation_id = p_conversation_id
-       AND (p_scope IS NULL OR c.tenant_id = p_scope);
+       AND (p_scope IS NULL OR c.tenant_id = p_scope)
+       AND c.deleted_at IS NULL;
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -880,6 +993,73 @@ BEGIN
     RETURN QUERY SELECT * FROM episodic_conversations c
                   WHERE c.conversation_id = p_conversation_id
                     AND (p_scope IS NULL OR c.tenant_id = p_scope);
+END
+$fn$;
+
+-- The state a conversation reads, in one statement: its own (with where its log ends, so a
+-- caller can tell it from a tail read at another seq) and the tenant's shared scopes named
+-- in p_shared, one row each (a scope never written has no row). With p_conversation_id NULL,
+-- the scopes of p_tenant_id alone. No row for the conversation when it is not there, not the
+-- scope's, or deleted.
+CREATE FUNCTION episodic_read_state(
+    p_conversation_id uuid,
+    p_tenant_id text,
+    p_shared text[],
+    p_scope text DEFAULT NULL::text
+) RETURNS TABLE (
+    o_scope text,
+    o_state jsonb,
+    o_last_seq bigint,
+    o_touched_at double precision
+)
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_tenant text := COALESCE(p_scope, p_tenant_id);
+BEGIN
+    PERFORM episodic_set_tenant(p_scope);
+    IF p_conversation_id IS NOT NULL THEN
+        SELECT c.tenant_id INTO v_tenant FROM episodic_conversations c
+         WHERE c.conversation_id = p_conversation_id
+           AND (p_scope IS NULL OR c.tenant_id = p_scope)
+           AND c.deleted_at IS NULL;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT NULL::text, COALESCE(c.state, '{}'::jsonb), c.last_seq, c.touched_at
+          FROM episodic_conversations c
+         WHERE c.conversation_id = p_conversation_id;
+    END IF;
+    RETURN QUERY SELECT s.scope, s.state, NULL::bigint, NULL::double precision
+      FROM episodic_shared_state s
+     WHERE s.tenant_id = v_tenant AND s.scope = ANY (p_shared);
+END
+$fn$;
+
+-- An app's conversations that are not deleted, one user's or (p_user_id NULL) every user's,
+-- in (user_id, conversation_id) order from just after (p_after_user, p_after_id): one page
+-- of the ix_episodic_conversations_listed range.
+CREATE FUNCTION episodic_list_by_user(
+    p_tenant_id text,
+    p_app_name text,
+    p_user_id text,
+    p_after_user text,
+    p_after_id uuid,
+    p_limit integer,
+    p_scope text DEFAULT NULL::text
+) RETURNS SETOF episodic_conversations
+    LANGUAGE plpgsql
+    AS $fn$
+BEGIN
+    PERFORM episodic_set_tenant(p_scope);
+    RETURN QUERY SELECT * FROM episodic_conversations c
+     WHERE c.tenant_id = COALESCE(p_scope, p_tenant_id)
+       AND c.app_name = p_app_name
+       AND c.deleted_at IS NULL
+       AND (p_user_id IS NULL OR c.user_id = p_user_id)
+       AND (p_after_id IS NULL OR (c.user_id, c.conversation_id) > (p_after_user, p_after_id))
+     ORDER BY c.user_id, c.conversation_id
+     LIMIT p_limit;
 END
 $fn$;
 

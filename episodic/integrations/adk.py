@@ -1,0 +1,529 @@
+"""A session service for Google ADK (``google-adk`` 2.13):
+``Runner(agent=..., app_name=..., session_service=EpisodicSessionService(store))``.
+
+A session is a conversation, listed under its app and user, whose id is derived from the
+tenant, the app, the user and the session id (so the same session id under two users is two
+sessions). Each ADK event is stored verbatim, its JSON kept whole in the log
+(:mod:`episodic.formats.adk`: bytes as base64, nothing lost), as the messages episodic
+compacts and pairs; its state delta is a :class:`~episodic.models.StateChange` appended in
+the same statement: session keys to the conversation's own state, ``app:`` and ``user:``
+keys to the tenant's shared scopes, ``temp:`` keys never. ``last_update_time`` is the latest
+event's timestamp, exactly as ADK stamped it.
+
+``get_session`` reads the tail, not the history: after a boundary (the compaction worker's,
+or one made from ADK's own compaction event), the session's events are one ADK compaction
+event carrying the handoff, then every event after the boundary, so ADK's request builder
+sends the handoff and the tail and never the compacted range. Two statements on PostgreSQL
+whatever the history's length. :meth:`EpisodicSessionService.with_full_history` reads every
+event instead (what ``Runner.rewind_async`` needs).
+
+A session object is a revision: appending from one that another append has since superseded
+raises ADK's ``StaleSessionError`` and writes nothing (a boundary the worker wrote meanwhile
+does not make it stale: a run goes on while its history is compacted); appending to a
+deleted session raises
+``SessionNotFoundError``. Re-delivering an event (same id, same content) stores it once; two
+different events that share an id are both stored. ``delete_session`` appends a tombstone:
+the session is hidden and its log kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from google.adk.errors import StaleSessionError
+from google.adk.errors.already_exists_error import AlreadyExistsError
+from google.adk.errors.session_not_found_error import SessionNotFoundError
+from google.adk.events.event import Event
+from google.adk.events.event_actions import EventActions, EventCompaction
+from google.adk.sessions import _session_util
+from google.adk.sessions.base_session_service import (
+    BaseSessionService,
+    GetSessionConfig,
+    ListSessionsResponse,
+)
+from google.adk.sessions.session import Session
+from google.adk.sessions.state import State
+from google.genai import types
+from pydantic import JsonValue
+from pydantic import ValidationError as PydanticValidationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+from typing_extensions import override
+
+from episodic.context import boundary_messages
+from episodic.errors import (
+    ConflictError,
+    NotFoundError,
+    TransientDatabaseError,
+    UnsafeCutError,
+    ValidationError,
+)
+from episodic.formats.adk import ADK_EVENT_PROTOCOL, messages_from_adk_event
+from episodic.models import BoundaryEvent, Conversation, MessageEvent, StateChange, StoredEvent
+from episodic.store import DEFAULT_TENANT, EpisodicStore
+from episodic.store.boundaries import BoundaryRequest
+from episodic.view import in_view
+
+logger = logging.getLogger(__name__)
+
+#: The namespace of the conversation ids sessions map to (uuid5 of tenant, app, user, id).
+SESSION_NAMESPACE = uuid.UUID("2b0f7a64-1d55-4c1e-9a6f-8e3c0d7b9f42")
+#: The reason of a boundary made from ADK's own compaction event.
+ADK_COMPACTION_REASON = "adk_events_compaction"
+#: ADK's own words for a stale session (its tests match them).
+STALE_SESSION_MESSAGE = (
+    "The session has been modified in storage since it was loaded. "
+    "Please reload the session before appending more events."
+)
+#: The id of the compaction event a boundary is shown as, in ``get_session``.
+BOUNDARY_EVENT_PREFIX = "episodic-boundary-"
+#: A listing's page (an index range each).
+LIST_PAGE = 500
+#: Boundaries a session may miss and still append (more is another writer, surely).
+MAX_BOUNDARIES_BETWEEN = 16
+#: Reads of the tail and the state that a concurrent write may put at different seqs.
+CONSISTENT_READ_TRIES = 5
+
+
+def session_conversation_id(
+    app_name: str, user_id: str, session_id: str, tenant_id: str = DEFAULT_TENANT
+) -> uuid.UUID:
+    """The conversation an ADK session names: the same names, the same conversation, in
+    every process."""
+    key = orjson.dumps([tenant_id, app_name, user_id, session_id])
+    return uuid.uuid5(SESSION_NAMESPACE, key.decode())
+
+
+def app_scope(app_name: str) -> str:
+    """The shared scope of an app's ``app:`` state."""
+    return "adk.app:" + orjson.dumps([app_name]).decode()
+
+
+def user_scope(app_name: str, user_id: str) -> str:
+    """The shared scope of one user's ``user:`` state in an app."""
+    return "adk.user:" + orjson.dumps([app_name, user_id]).decode()
+
+
+class EpisodicSessionService(BaseSessionService):
+    """ADK's ``BaseSessionService`` on an episodic store (see the module's docstring). A
+    tenant-scoped store (``store.for_tenant``) scopes every session."""
+
+    def __init__(self, store: EpisodicStore, *, full_history: bool = False) -> None:
+        if not isinstance(store, EpisodicStore):
+            raise ValidationError(
+                "EpisodicSessionService takes an episodic.EpisodicStore", field="store"
+            )
+        self.store = store
+        #: read every event, not the compacted view (with_full_history)
+        self.full_history = full_history
+        self._tenant = store.tenant_id or DEFAULT_TENANT
+
+    def with_full_history(self) -> EpisodicSessionService:
+        """The same service, whose ``get_session`` returns every event of the log (paged),
+        ignoring boundaries: for ``Runner.rewind_async``, which replays deltas from the
+        start."""
+        return EpisodicSessionService(self.store, full_history=True)
+
+    def _conversation(self, app_name: str, user_id: str, session_id: str) -> uuid.UUID:
+        return session_conversation_id(app_name, user_id, session_id, self._tenant)
+
+    # ---- sessions -----------------------------------------------------------------------
+
+    @override
+    async def create_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        state: dict[str, Any] | None = None,
+        session_id: str | None = None,
+    ) -> Session:
+        # As ADK's own services: a given id is stripped of surrounding whitespace.
+        given = session_id.strip() if session_id else None
+        sid = given or str(uuid.uuid4())
+        _check_names(app_name, user_id)
+        change = _state_change(state or {}, app_name, user_id)
+        now = time.time()
+        cid = self._conversation(app_name, user_id, sid)
+        try:
+            await self.store.create_conversation(
+                conversation_id=cid,
+                metadata={"adk_session_id": sid},
+                app_name=app_name,
+                user_id=user_id,
+                state=change,
+                touched_at=now,
+            )
+        except ConflictError:
+            raise AlreadyExistsError(f"Session with id {sid} already exists.") from None
+        found = await self.store.read_state(
+            cid, shared=[app_scope(app_name), user_scope(app_name, user_id)]
+        )
+        session = Session(
+            id=sid,
+            app_name=app_name,
+            user_id=user_id,
+            state=_merged(found.conversation, found.shared, app_name, user_id),
+            last_update_time=now,
+        )
+        session._storage_update_marker = str(found.last_seq)
+        return session
+
+    @override
+    async def get_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        config: GetSessionConfig | None = None,
+    ) -> Session | None:
+        sid = session_id.strip() if session_id else session_id
+        cid = self._conversation(app_name, user_id, sid)
+        scopes = [app_scope(app_name), user_scope(app_name, user_id)]
+        if config is not None and config.num_recent_events == 0:
+            events: list[Event] = []
+            try:
+                found = await self.store.read_state(cid, shared=scopes)
+            except NotFoundError:
+                return None
+        else:
+            read = await self._read_session(cid, scopes)
+            if read is None:
+                return None
+            events, found = read
+            if config is not None and config.after_timestamp is not None:
+                events = [e for e in events if e.timestamp >= config.after_timestamp]
+            if config is not None and config.num_recent_events is not None:
+                events = events[-config.num_recent_events :]
+        session = Session(
+            id=sid,
+            app_name=app_name,
+            user_id=user_id,
+            state=_merged(found.conversation, found.shared, app_name, user_id),
+            events=events,
+            last_update_time=found.touched_at if found.touched_at is not None else 0.0,
+        )
+        session._storage_update_marker = str(found.last_seq)
+        return session
+
+    async def _read_session(
+        self, cid: uuid.UUID, scopes: list[str]
+    ) -> tuple[list[Event], Any] | None:
+        """The session's events and its state, read at the same seq: a write between the
+        two reads is seen by one and not the other, and both are read again."""
+        for _ in range(CONSISTENT_READ_TRIES):
+            try:
+                if self.full_history:
+                    stored = await self._every_event(cid)
+                    boundary, last_seq = None, stored[-1].seq if stored else 0
+                else:
+                    context, stored = await self.store.load_context_and_tail(cid)
+                    boundary, last_seq = context.boundary, context.last_seq
+                found = await self.store.read_state(cid, shared=scopes)
+            except NotFoundError:
+                return None
+            if found.last_seq == last_seq:
+                return _events_of(stored, boundary), found
+        raise TransientDatabaseError(
+            f"session {cid} kept changing while it was read ({CONSISTENT_READ_TRIES} tries); retry"
+        )
+
+    async def _every_event(self, cid: uuid.UUID) -> list[StoredEvent]:
+        stored: list[StoredEvent] = []
+        while True:
+            page = await self.store.read_events(
+                cid, after_seq=stored[-1].seq if stored else 0, limit=1_000
+            )
+            stored.extend(page)
+            if len(page) < 1_000:
+                return stored
+
+    @override
+    async def list_sessions(
+        self, *, app_name: str, user_id: str | None = None
+    ) -> ListSessionsResponse:
+        listed: list[Conversation] = []
+        while True:
+            page = await self.store.list_by_user(
+                app_name, user_id, limit=LIST_PAGE, after=listed[-1] if listed else None
+            )
+            listed.extend(page)
+            if len(page) < LIST_PAGE:
+                break
+        users = sorted({c.user_id for c in listed if c.user_id is not None})
+        scopes = [app_scope(app_name), *(user_scope(app_name, u) for u in users)]
+        shared = (await self.store.read_state(None, shared=scopes)).shared if listed else {}
+        sessions = []
+        for conversation in listed:
+            assert conversation.user_id is not None
+            sid = conversation.metadata.get("adk_session_id")
+            session = Session(
+                id=str(sid),
+                app_name=app_name,
+                user_id=conversation.user_id,
+                state=_merged(conversation.state, shared, app_name, conversation.user_id),
+                last_update_time=conversation.touched_at or 0.0,
+            )
+            session._storage_update_marker = str(conversation.last_seq)
+            sessions.append(session)
+        # ADK's order: oldest update first (then by user and id, as its database service).
+        sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
+        return ListSessionsResponse(sessions=sessions)
+
+    @override
+    async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
+        sid = session_id.strip() if session_id else session_id
+        try:
+            await self.store.delete_conversation(self._conversation(app_name, user_id, sid))
+        except NotFoundError:
+            return  # as ADK's services: deleting what is not there is not an error
+
+    @override
+    async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
+        scope = user_scope(app_name, user_id)
+        found = await self.store.read_state(None, shared=[scope])
+        return dict(found.shared.get(scope, {}))
+
+    # ---- events -------------------------------------------------------------------------
+
+    @override
+    async def append_event(self, session: Session, event: Event) -> Event:
+        if event.partial:
+            return event
+        # Everything that can refuse the event is decided before the session is touched.
+        stored_delta = {
+            key: value
+            for key, value in (event.actions.state_delta or {}).items()
+            if not key.startswith(State.TEMP_PREFIX)
+        }
+        change = _state_change(stored_delta, session.app_name, session.user_id)
+        data = _event_json(event.model_copy(update={"actions": _trimmed(event, stored_delta)}))
+        messages = messages_from_adk_event(data)
+        key = f"adk:{event.id}:{hashlib.sha256(orjson.dumps(data)).hexdigest()[:32]}"
+        marker = session._storage_update_marker
+        cid = self._conversation(session.app_name, session.user_id, session.id)
+
+        self._apply_temp_state(session, event)
+        event = self._trim_temp_delta_state(event)
+        expected = int(marker) if marker is not None else None
+        while True:
+            try:
+                stored = await self.store.append(
+                    cid,
+                    messages,
+                    idempotency_key=key,
+                    expected_seq=expected,
+                    state=change,
+                    touched_at=event.timestamp,
+                )
+                break
+            except ConflictError as exc:
+                expected = await self._past_boundaries(cid, exc)
+            except NotFoundError:
+                raise SessionNotFoundError(f"Session {session.id} not found.") from None
+        last = stored[-1].seq + (1 if change is not None else 0)
+        if marker is not None and last <= int(marker):
+            return event  # the same event again: stored once, applied once
+        session._storage_update_marker = str(last)
+        session.last_update_time = event.timestamp
+        self._commit_event_to_session(session, event)
+        if event.actions.compaction is not None:
+            await self._write_adk_compaction(cid, event)
+        return event
+
+    async def _past_boundaries(self, cid: uuid.UUID, conflict: ConflictError) -> int:
+        """Where to expect the log to end now, when all that was written since the session
+        was read is boundaries (the worker compacting while a run holds the session: the
+        session is not stale for that). Anything else, another writer's event, makes it
+        stale: ADK's ``StaleSessionError``."""
+        since = conflict.expected_seq
+        actual = conflict.actual_seq
+        if since is None or actual is None or actual - since > MAX_BOUNDARIES_BETWEEN:
+            raise StaleSessionError(STALE_SESSION_MESSAGE) from None
+        written = await self.store.read_events(cid, after_seq=since, limit=actual - since)
+        if not written or not all(isinstance(e, BoundaryEvent) for e in written):
+            raise StaleSessionError(STALE_SESSION_MESSAGE) from None
+        return written[-1].seq
+
+    async def _write_adk_compaction(self, cid: uuid.UUID, event: Event) -> None:
+        """ADK's own compaction as a boundary through the latest event it covers, so the
+        next ``get_session`` reads only what follows. When no safe cut is there (a call
+        still waiting), none is written: ADK's event still stands in for the range."""
+        compaction = event.actions.compaction
+        assert compaction is not None
+        if compaction.end_timestamp is None or compaction.compacted_content is None:
+            return
+        context, tail = await self.store.load_context_and_tail(cid)
+        covered = [
+            e
+            for e in in_view(tail)
+            if isinstance(e, MessageEvent)
+            and _adk_timestamp(e) is not None
+            and _adk_timestamp(e) <= compaction.end_timestamp  # type: ignore[operator]
+            and not _is_compaction(e)
+        ]
+        if not covered:
+            return
+        summary = "\n\n".join(
+            part.text for part in compaction.compacted_content.parts or () if part.text
+        )
+        if not summary:
+            return
+        request = BoundaryRequest(
+            summary=summary,
+            covers_through_seq=covered[-1].seq,
+            reason=ADK_COMPACTION_REASON,
+            expected_boundary_seq=context.boundary_seq,
+        )
+        try:
+            await self.store.write_boundary(cid, request)
+        except (ConflictError, UnsafeCutError) as exc:
+            logger.warning("ADK's compaction of %s is kept as its event only: %s", cid, exc)
+
+
+# ---- the session's events -----------------------------------------------------------------
+
+
+def _events_of(stored: Sequence[StoredEvent], boundary: BoundaryEvent | None) -> list[Event]:
+    """ADK events from the log's tail: the boundary (unless it was ADK's own compaction,
+    whose event is in the tail) as a compaction event, then each stored event, in ADK's
+    order (by timestamp, ties by id)."""
+    events = [
+        Event.model_validate_json(orjson.dumps(data))
+        for data in (_native(e) for e in in_view(list(stored)))
+        if data is not None
+    ]
+    events.sort(key=lambda e: (e.timestamp, e.id))
+    if boundary is not None and boundary.reason != ADK_COMPACTION_REASON:
+        events.insert(0, _compaction_event(boundary, events))
+    return events
+
+
+def _compaction_event(boundary: BoundaryEvent, tail: Sequence[Event]) -> Event:
+    """The boundary as ADK's own compaction event: its handoff (and retained user
+    messages) as the compacted content, over a range just before the first event after
+    the boundary, so ADK's request builder puts it first and filters nothing it did not
+    cover."""
+    first = tail[0].timestamp if tail else boundary.created_at.timestamp()
+    at = math.nextafter(first, -math.inf)
+    parts = [types.Part(text=m.text) for m in boundary_messages(boundary) if m.text]
+    return Event(
+        id=f"{BOUNDARY_EVENT_PREFIX}{boundary.seq}",
+        invocation_id=f"{BOUNDARY_EVENT_PREFIX}{boundary.seq}",
+        author="user",
+        timestamp=at,
+        actions=EventActions(
+            compaction=EventCompaction(
+                start_timestamp=at,
+                end_timestamp=at,
+                compacted_content=types.Content(role="model", parts=parts),
+            )
+        ),
+    )
+
+
+def _native(event: StoredEvent) -> dict[str, Any] | None:
+    if not isinstance(event, MessageEvent):
+        return None
+    native = event.message.native
+    if native is None or native.protocol != ADK_EVENT_PROTOCOL:
+        return None
+    data = native.data.get("event")
+    return data if isinstance(data, dict) else None
+
+
+def _adk_timestamp(event: MessageEvent) -> float | None:
+    data = _native(event)
+    stamp = data.get("timestamp") if data is not None else None
+    return float(stamp) if isinstance(stamp, int | float) else None
+
+
+def _is_compaction(event: MessageEvent) -> bool:
+    data = _native(event)
+    actions = data.get("actions") if data is not None else None
+    return isinstance(actions, dict) and actions.get("compaction") is not None
+
+
+# ---- state and JSON -----------------------------------------------------------------------
+
+
+def _state_change(state: dict[str, Any], app_name: str, user_id: str) -> StateChange | None:
+    """ADK's state keys as the log's change: session keys the conversation's own, ``app:``
+    and ``user:`` keys (prefix off) the shared scopes, ``temp:`` keys none. A value JSON
+    cannot hold is refused (:class:`~episodic.errors.ValidationError`), before anything is
+    written."""
+    try:
+        jsonable = to_jsonable_python(state)
+    except (PydanticSerializationError, TypeError, ValueError) as exc:
+        raise ValidationError(
+            f"an ADK state delta must hold JSON values only; nothing was written: {exc}",
+            field="state_delta",
+        ) from None
+    deltas = _session_util.extract_state_delta(jsonable)
+    shared: dict[str, dict[str, JsonValue]] = {}
+    if deltas["app"]:
+        shared[app_scope(app_name)] = deltas["app"]
+    if deltas["user"]:
+        shared[user_scope(app_name, user_id)] = deltas["user"]
+    if not deltas["session"] and not shared:
+        return None
+    try:
+        return StateChange(conversation=deltas["session"], shared=shared)
+    except PydanticValidationError as exc:
+        raise ValidationError(
+            f"an ADK state delta must hold JSON values only; nothing was written: {exc}",
+            field="state_delta",
+        ) from None
+
+
+def _merged(
+    own: dict[str, Any], shared: dict[str, dict[str, Any]], app_name: str, user_id: str
+) -> dict[str, Any]:
+    """The state a session shows: its own keys, then the app's and the user's, prefixed
+    (ADK's merge)."""
+    merged = dict(own)
+    for key, value in shared.get(app_scope(app_name), {}).items():
+        merged[State.APP_PREFIX + key] = value
+    for key, value in shared.get(user_scope(app_name, user_id), {}).items():
+        merged[State.USER_PREFIX + key] = value
+    return merged
+
+
+def _trimmed(event: Event, stored_delta: dict[str, Any]) -> EventActions:
+    return event.actions.model_copy(update={"state_delta": stored_delta})
+
+
+def _event_json(event: Event) -> dict[str, Any]:
+    """The event's JSON, as ADK's own database service stores it (bytes as base64)."""
+    try:
+        data: dict[str, Any] = orjson.loads(event.model_dump_json())
+    except (PydanticSerializationError, ValueError) as exc:
+        raise ValidationError(
+            f"the ADK event cannot be stored as JSON; nothing was written: {exc}",
+            field="event",
+        ) from None
+    return data
+
+
+def _check_names(app_name: str, user_id: str) -> None:
+    if not isinstance(app_name, str) or not app_name:
+        raise ValidationError("app_name must be a non-empty string", field="app_name")
+    if not isinstance(user_id, str):
+        raise ValidationError("user_id must be a string", field="user_id")
+
+
+__all__ = [
+    "ADK_COMPACTION_REASON",
+    "SESSION_NAMESPACE",
+    "EpisodicSessionService",
+    "app_scope",
+    "session_conversation_id",
+    "user_scope",
+]
