@@ -564,6 +564,9 @@ class BoundaryEvent(_EventBase):
     handoff_items: tuple[dict[str, JsonValue], ...] | None = None
     #: the estimate of each of ``handoff_items``; ``token_estimate`` is their sum
     handoff_token_estimates: tuple[int, ...] = ()
+    #: A framework's own record of what the boundary stands for, kept as given for its
+    #: integration (Google ADK: the compaction events its sessions show in the cut's place)
+    native_handoff: dict[str, JsonValue] | None = None
 
 
 class RetractionEvent(_EventBase):

@@ -33,9 +33,15 @@ ADK_EVENT_PROTOCOL = "google.adk.event"
 RENDERED_PART_CHARS = 2_000
 
 
-def messages_from_adk_event(event: Mapping[str, Any]) -> list[Message]:
+def messages_from_adk_event(
+    event: Mapping[str, Any], *, pair_responses: bool = True
+) -> list[Message]:
     """The log's messages for one ADK event's JSON (see the module docstring). Raises
-    :class:`~episodic.errors.ValidationError` for what is not an event's JSON."""
+    :class:`~episodic.errors.ValidationError` for what is not an event's JSON.
+
+    ``pair_responses=False`` reads function responses as the event's content, not as tool
+    results: for a long-running tool's later responses, whose call an earlier response (its
+    interim answer) already closed."""
     if not isinstance(event, Mapping):
         raise ValidationError(
             "an ADK event must be its JSON (json.loads(event.model_dump_json())), "
@@ -49,7 +55,7 @@ def messages_from_adk_event(event: Mapping[str, Any]) -> list[Message]:
     ]
     native = {"protocol": ADK_EVENT_PROTOCOL, "data": {"event": data}}
     try:
-        if responses:
+        if responses and pair_responses:
             messages = [_result(response) for response in responses]
         else:
             messages = [_turn(data, content, parts)]

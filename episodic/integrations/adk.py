@@ -10,10 +10,13 @@ the same statement: session keys to the conversation's own state, ``app:`` and `
 keys to the tenant's shared scopes, ``temp:`` keys never. ``last_update_time`` is the latest
 event's timestamp, exactly as ADK stamped it.
 
-``get_session`` reads the tail, not the history: after a boundary (the compaction worker's,
-or one made from ADK's own compaction event), the session's events are one ADK compaction
-event carrying the handoff, then every event after the boundary, so ADK's request builder
-sends the handoff and the tail and never the compacted range. Two statements on PostgreSQL
+``get_session`` reads the tail, not the history: after the compaction worker's boundary, the
+session's events are one ADK compaction event carrying the handoff, then every event after
+the boundary, so ADK's request builder sends the handoff and the tail and never the
+compacted range. An ADK compaction event (ADK's own ``EventsCompactionConfig``) becomes a
+boundary through the last event it covers, carrying the compaction events that then stand
+for the cut range (every one no other contains, ADK's rule: a sliding window's summaries all
+stand), which ``get_session`` gives back in its place. Two statements on PostgreSQL
 whatever the history's length. :meth:`EpisodicSessionService.with_full_history` reads every
 event instead (what ``Runner.rewind_async`` needs).
 
@@ -22,8 +25,10 @@ raises ADK's ``StaleSessionError`` and writes nothing (a boundary the worker wro
 does not make it stale: a run goes on while its history is compacted); appending to a
 deleted session raises
 ``SessionNotFoundError``. Re-delivering an event (same id, same content) stores it once; two
-different events that share an id are both stored. ``delete_session`` appends a tombstone:
-the session is hidden and its log kept.
+different events that share an id are both stored. A function response must answer a stored
+call, except a long-running tool's later responses (its first closed the call), which are
+kept as the event's content. ``delete_session`` appends a tombstone: the session is hidden and
+its log kept (and its id taken until an erasure).
 """
 
 from __future__ import annotations
@@ -34,9 +39,11 @@ import math
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from google.adk.apps.compaction import _get_compaction_ranges as compaction_ranges
 from google.adk.errors import StaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.adk.errors.session_not_found_error import SessionNotFoundError
@@ -59,13 +66,21 @@ from typing_extensions import override
 from episodic.context import boundary_messages
 from episodic.errors import (
     ConflictError,
+    EpisodicError,
     NotFoundError,
+    OrphanToolResultError,
     TransientDatabaseError,
-    UnsafeCutError,
     ValidationError,
 )
 from episodic.formats.adk import ADK_EVENT_PROTOCOL, messages_from_adk_event
-from episodic.models import BoundaryEvent, Conversation, MessageEvent, StateChange, StoredEvent
+from episodic.models import (
+    BoundaryEvent,
+    Conversation,
+    Message,
+    MessageEvent,
+    StateChange,
+    StoredEvent,
+)
 from episodic.store import DEFAULT_TENANT, EpisodicStore
 from episodic.store.boundaries import BoundaryRequest
 from episodic.view import in_view
@@ -76,6 +91,8 @@ logger = logging.getLogger(__name__)
 SESSION_NAMESPACE = uuid.UUID("2b0f7a64-1d55-4c1e-9a6f-8e3c0d7b9f42")
 #: The reason of a boundary made from ADK's own compaction event.
 ADK_COMPACTION_REASON = "adk_events_compaction"
+#: The ``native_handoff`` protocol of such a boundary: the compaction events it stands for.
+ADK_COMPACTIONS_PROTOCOL = "google.adk.compactions"
 #: ADK's own words for a stale session (its tests match them).
 STALE_SESSION_MESSAGE = (
     "The session has been modified in storage since it was loaded. "
@@ -297,7 +314,8 @@ class EpisodicSessionService(BaseSessionService):
     async def append_event(self, session: Session, event: Event) -> Event:
         if event.partial:
             return event
-        # Everything that can refuse the event is decided before the session is touched.
+        # What the event itself can be refused for is decided before the session is touched
+        # (ADK applies temp: state before its own service's database refusals, too).
         stored_delta = {
             key: value
             for key, value in (event.actions.state_delta or {}).items()
@@ -326,6 +344,12 @@ class EpisodicSessionService(BaseSessionService):
                 break
             except ConflictError as exc:
                 expected = await self._past_boundaries(cid, exc)
+            except OrphanToolResultError as exc:
+                # A long-running tool answers once for now and again when done: the later
+                # responses are kept as the event's content (the first closed the call).
+                if exc.tool_call_id not in _long_running_ids(session) or not _pairs(messages):
+                    raise
+                messages = messages_from_adk_event(data, pair_responses=False)
             except NotFoundError:
                 raise SessionNotFoundError(f"Session {session.id} not found.") from None
         last = stored[-1].seq + (1 if change is not None else 0)
@@ -353,38 +377,37 @@ class EpisodicSessionService(BaseSessionService):
         return written[-1].seq
 
     async def _write_adk_compaction(self, cid: uuid.UUID, event: Event) -> None:
-        """ADK's own compaction as a boundary through the latest event it covers, so the
-        next ``get_session`` reads only what follows. When no safe cut is there (a call
-        still waiting), none is written: ADK's event still stands in for the range."""
+        """ADK's own compaction as a boundary through the latest event it covers, carrying
+        the compaction events that then stand for everything before the cut (ADK's rule:
+        every one no other contains), so the next ``get_session`` reads what follows the cut
+        and ADK still sees each summary it would. When no safe cut is there (a call still
+        waiting), or the write fails, none is written: the events still stand as they are."""
         compaction = event.actions.compaction
         assert compaction is not None
-        if compaction.end_timestamp is None or compaction.compacted_content is None:
+        end = compaction.end_timestamp
+        if end is None or compaction.compacted_content is None:
             return
-        context, tail = await self.store.load_context_and_tail(cid)
-        covered = [
-            e
-            for e in in_view(tail)
-            if isinstance(e, MessageEvent)
-            and _adk_timestamp(e) is not None
-            and _adk_timestamp(e) <= compaction.end_timestamp  # type: ignore[operator]
-            and not _is_compaction(e)
-        ]
-        if not covered:
-            return
-        summary = "\n\n".join(
-            part.text for part in compaction.compacted_content.parts or () if part.text
-        )
-        if not summary:
-            return
-        request = BoundaryRequest(
-            summary=summary,
-            covers_through_seq=covered[-1].seq,
-            reason=ADK_COMPACTION_REASON,
-            expected_boundary_seq=context.boundary_seq,
-        )
         try:
+            context, tail = await self.store.load_context_and_tail(cid)
+            groups = _event_groups(tail)
+            covered = [
+                group.last_seq
+                for group in groups
+                if not _is_compaction(group.data) and _timestamp(group.data) <= end
+            ]
+            if not covered:
+                return
+            standing = _standing_compactions(context.boundary, groups)
+            texts = [_compaction_text(data) for data in standing]
+            request = BoundaryRequest(
+                summary="\n\n".join(text for text in texts if text),
+                covers_through_seq=covered[-1],
+                reason=ADK_COMPACTION_REASON,
+                expected_boundary_seq=context.boundary_seq,
+                native_handoff={"protocol": ADK_COMPACTIONS_PROTOCOL, "events": standing},
+            )
             await self.store.write_boundary(cid, request)
-        except (ConflictError, UnsafeCutError) as exc:
+        except EpisodicError as exc:
             logger.warning("ADK's compaction of %s is kept as its event only: %s", cid, exc)
 
 
@@ -392,26 +415,95 @@ class EpisodicSessionService(BaseSessionService):
 
 
 def _events_of(stored: Sequence[StoredEvent], boundary: BoundaryEvent | None) -> list[Event]:
-    """ADK events from the log's tail: the boundary (unless it was ADK's own compaction,
-    whose event is in the tail) as a compaction event, then each stored event, in ADK's
-    order (by timestamp, ties by id)."""
-    events = [
-        Event.model_validate_json(orjson.dumps(data))
-        for data in (_native(e) for e in in_view(list(stored)))
-        if data is not None
-    ]
+    """ADK events from the log's tail, in ADK's order (by timestamp, ties by id), after a
+    boundary's stand-in: the compaction events an ADK compaction's boundary carries (those
+    in the tail that it folded in, written before it, are then left out), or, for the
+    worker's, one compaction event carrying its handoff."""
+    carried = _carried(boundary)
+    groups = _event_groups(stored)
+    if carried is None:
+        datas = [group.data for group in groups]
+    else:
+        assert boundary is not None
+        datas = [
+            *carried,
+            *(
+                group.data
+                for group in groups
+                if not (_is_compaction(group.data) and group.first_seq < boundary.seq)
+            ),
+        ]
+    events = [Event.model_validate_json(orjson.dumps(data)) for data in datas]
     events.sort(key=lambda e: (e.timestamp, e.id))
-    if boundary is not None and boundary.reason != ADK_COMPACTION_REASON:
+    if boundary is not None and carried is None:
         events.insert(0, _compaction_event(boundary, events))
     return events
 
 
-def _compaction_event(boundary: BoundaryEvent, tail: Sequence[Event]) -> Event:
+def _carried(boundary: BoundaryEvent | None) -> list[dict[str, Any]] | None:
+    """The ADK compaction events a boundary made from ADK's compaction carries."""
+    native = boundary.native_handoff if boundary is not None else None
+    if not native or native.get("protocol") != ADK_COMPACTIONS_PROTOCOL:
+        return None
+    events = native.get("events")
+    return [e for e in events if isinstance(e, dict)] if isinstance(events, list) else None
+
+
+def _standing_compactions(
+    boundary: BoundaryEvent | None, groups: Sequence[_Stored]
+) -> list[dict[str, Any]]:
+    """The compaction events that stand for the log through a new ADK compaction: the
+    previous boundary's (its carried events, or the worker's handoff as one), then those in
+    the tail, less every one another contains (ADK's own rule)."""
+    candidates: list[dict[str, Any]] = []
+    if boundary is not None:
+        carried = _carried(boundary)
+        if carried is not None:
+            candidates.extend(carried)
+        else:
+            first = next((_timestamp(group.data) for group in groups), None)
+            stand_in = _compaction_event(boundary, [], first=first)
+            candidates.append(orjson.loads(stand_in.model_dump_json()))
+    candidates.extend(group.data for group in groups if _is_compaction(group.data))
+    events = [Event.model_validate_json(orjson.dumps(data)) for data in candidates]
+    surviving = {index for index, _, _ in compaction_ranges(events)}
+    return [data for index, data in enumerate(candidates) if index in surviving]
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    """An ADK event in the log: its JSON and the seqs of its first and last messages (an
+    event of several function responses is several messages; a cut inside would split
+    it)."""
+
+    data: dict[str, Any]
+    first_seq: int
+    last_seq: int
+
+
+def _event_groups(stored: Sequence[StoredEvent]) -> list[_Stored]:
+    """Each ADK event in view, in log order."""
+    groups: list[_Stored] = []
+    for event in in_view(list(stored)):
+        if not isinstance(event, MessageEvent):
+            continue
+        data = _native(event)
+        if data is not None:
+            groups.append(_Stored(data, event.seq, event.seq))
+        elif groups:
+            groups[-1] = _Stored(groups[-1].data, groups[-1].first_seq, event.seq)
+    return groups
+
+
+def _compaction_event(
+    boundary: BoundaryEvent, tail: Sequence[Event], *, first: float | None = None
+) -> Event:
     """The boundary as ADK's own compaction event: its handoff (and retained user
     messages) as the compacted content, over a range just before the first event after
     the boundary, so ADK's request builder puts it first and filters nothing it did not
     cover."""
-    first = tail[0].timestamp if tail else boundary.created_at.timestamp()
+    if first is None:
+        first = tail[0].timestamp if tail else boundary.created_at.timestamp()
     at = math.nextafter(first, -math.inf)
     parts = [types.Part(text=m.text) for m in boundary_messages(boundary) if m.text]
     return Event(
@@ -439,16 +531,29 @@ def _native(event: StoredEvent) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _adk_timestamp(event: MessageEvent) -> float | None:
-    data = _native(event)
-    stamp = data.get("timestamp") if data is not None else None
-    return float(stamp) if isinstance(stamp, int | float) else None
+def _timestamp(data: dict[str, Any]) -> float:
+    stamp = data.get("timestamp")
+    return float(stamp) if isinstance(stamp, int | float) else 0.0
 
 
-def _is_compaction(event: MessageEvent) -> bool:
-    data = _native(event)
-    actions = data.get("actions") if data is not None else None
+def _is_compaction(data: dict[str, Any]) -> bool:
+    actions = data.get("actions")
     return isinstance(actions, dict) and actions.get("compaction") is not None
+
+
+def _compaction_text(data: dict[str, Any]) -> str:
+    compaction = (data.get("actions") or {}).get("compaction") or {}
+    content = compaction.get("compacted_content") or {}
+    parts = content.get("parts") or []
+    return "\n".join(p["text"] for p in parts if isinstance(p, dict) and p.get("text"))
+
+
+def _long_running_ids(session: Session) -> set[str]:
+    return {i for e in session.events for i in e.long_running_tool_ids or ()}
+
+
+def _pairs(messages: Sequence[Message]) -> bool:
+    return any(m.tool_call_id is not None for m in messages)
 
 
 # ---- state and JSON -----------------------------------------------------------------------

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, cast
 from uuid import UUID
 
+import orjson
 from pydantic import JsonValue
 
 from episodic.errors import ConflictError, LeaseLostError, UnsafeCutError, ValidationError
@@ -68,6 +69,10 @@ class BoundaryRequest:
     #: Write only if the log still ends at this seq (a :class:`ConflictError` otherwise): for
     #: a caller that replaces exactly what it read, as a framework's compaction does.
     expected_last_seq: int | None = None
+    #: A framework's own record of what the boundary stands for, kept as given for that
+    #: framework's integration to read back (Google ADK: its compaction events); episodic
+    #: itself reads ``summary``.
+    native_handoff: Mapping[str, Any] | None = None
     #: ``handoff_items`` as the messages a load reads them as (made once, when checked)
     handoff_messages: tuple[Message, ...] = field(default=(), init=False, compare=False)
 
@@ -114,6 +119,16 @@ class BoundaryRequest:
             object.__setattr__(self, "usage", checked_usage(self.usage))
         if self.expected_last_seq is not None:
             check_int(self.expected_last_seq, field="expected_last_seq", low=0, high=MAX_SEQ)
+        if self.native_handoff is not None:
+            if not isinstance(self.native_handoff, Mapping):
+                raise ValidationError(
+                    "native_handoff must be a JSON object", field="native_handoff"
+                )
+            object.__setattr__(
+                self,
+                "native_handoff",
+                orjson.loads(encode_json(dict(self.native_handoff), what="native_handoff")),
+            )
 
     def _check_handoff_items(self) -> None:
         items: object = self.handoff_items
@@ -142,6 +157,8 @@ class BoundaryRequest:
         so it is held to the limit on a message (``EPISODIC_MAX_MESSAGE_BYTES``)."""
         texts: list[tuple[str, object]] = [("summary", self.summary)]
         texts += [("handoff_items", item) for item in self.handoff_items or ()]
+        if self.native_handoff is not None:
+            texts.append(("native_handoff", self.native_handoff))
         for field_name, value in texts:
             size = len(encode_json(value, what=field_name).encode("utf-8"))
             if size > max_summary_bytes:
@@ -244,6 +261,7 @@ def plan_boundary(
         tokens_before=request.tokens_before,
         handoff_items=cast(tuple[dict[str, JsonValue], ...] | None, handoff_items),
         handoff_token_estimates=handoff_tokens,
+        native_handoff=cast(dict[str, JsonValue] | None, request.native_handoff),
     )
     after = counters.after_boundary(draft, tail)
     event = draft.model_copy(update={"tokens_after": after.context_tokens})
@@ -256,6 +274,8 @@ def _payload(event: BoundaryEvent) -> str:
     envelope = {"conversation_id", "seq", "created_at", "token_estimate", "kind"}
     if event.handoff_items is None:  # the worker's boundaries: no bytes for what they lack
         envelope |= {"handoff_items", "handoff_token_estimates"}
+    if event.native_handoff is None:
+        envelope.add("native_handoff")
     body: dict[str, Any] = event.model_dump(mode="json", exclude=envelope)
     return encode_json(body, what="boundary")
 

@@ -198,6 +198,7 @@ WITH next AS (
     SELECT conversation_id
       FROM episodic_conversations
      WHERE due_since IS NOT NULL AND dead_since IS NULL AND next_attempt_at <= now()
+       AND deleted_at IS NULL
        AND (lease_expires_at IS NULL OR lease_expires_at <= now())
        AND ($4::text IS NULL OR tenant_id = $4)
      ORDER BY next_attempt_at
@@ -226,7 +227,7 @@ UPDATE episodic_conversations
        next_attempt_at = now(),
        dead_since = NULL
  WHERE conversation_id = $1 AND (lease_expires_at IS NULL OR lease_expires_at <= now())
-   AND ($5::text IS NULL OR tenant_id = $5)
+   AND ($5::text IS NULL OR tenant_id = $5) AND deleted_at IS NULL
 RETURNING conversation_id, tenant_id, lease_token, lease_expires_at, compaction_attempts,
           due_reason, boundary_seq, now() AS claimed_at
 """
@@ -288,7 +289,7 @@ SELECT conversation_id, worker, reason, outcome, error, started_at, finished_at,
 
 LIST_CONVERSATIONS = """
 SELECT * FROM episodic_conversations c
- WHERE ($1::text IS NULL OR c.tenant_id = $1)
+ WHERE ($1::text IS NULL OR c.tenant_id = $1) AND c.deleted_at IS NULL
    AND ($3::uuid IS NULL OR (c.created_at, c.conversation_id) < (
         SELECT p.created_at, p.conversation_id FROM episodic_conversations p
          WHERE p.conversation_id = $3))

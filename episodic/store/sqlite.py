@@ -225,10 +225,10 @@ class SqliteBackend:
             if result.rowcount != 1:
                 return False
             if state_json is not None:
-                await _insert_state_event(
-                    conn, conversation_id, tenant_id, 1, created_at, state_json
-                )
-                await _apply_shared_state(conn, tenant_id, change.get("shared"), created_at)
+                # stamped inside the write, as every write to the scopes (one at a time here)
+                now = datetime.now(UTC)
+                await _apply_shared_state(conn, tenant_id, change.get("shared"), now)
+                await _insert_state_event(conn, conversation_id, tenant_id, 1, now, state_json)
         return True
 
     async def read_state(
@@ -490,6 +490,7 @@ class SqliteBackend:
                     .where(
                         head.due_since.is_not(None),
                         head.dead_since.is_(None),
+                        head.deleted_at.is_(None),
                         head.next_attempt_at <= now,
                         or_(head.lease_expires_at.is_(None), head.lease_expires_at <= now),
                         *_of_tenant(self.tenant),
@@ -566,7 +567,7 @@ class SqliteBackend:
         async with self._write() as conn:
             # SQLite holds one process's conversations: reading every head is cheap, and
             # leaves which ones the sweep looks at to its rule (due.swept).
-            rows = await conn.execute(select(conversations))
+            rows = await conn.execute(select(conversations).where(head.deleted_at.is_(None)))
             for mapping in rows.mappings().all():
                 row = dict(mapping)
                 counters = decode_counters(row)
@@ -668,7 +669,7 @@ class SqliteBackend:
         head = conversations.c
         query = (
             select(conversations)
-            .where(*_of_tenant(self.tenant))
+            .where(head.deleted_at.is_(None), *_of_tenant(self.tenant))
             .order_by(head.created_at.desc(), head.conversation_id.desc())
             .limit(limit)
         )

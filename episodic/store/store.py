@@ -500,9 +500,10 @@ class EpisodicStore:
 
     async def delete_conversation(self, conversation_id: UUID | str) -> DeletionEvent | None:
         """Delete the conversation: a :class:`DeletionEvent` is appended and from then on it
-        is not listed, loads as not found and refuses every write
-        (:class:`ConversationDeletedError`); its log is kept (:meth:`read_events` still reads
-        it) until an erasure. None when it was already deleted."""
+        is not listed, not compacted, loads as not found and takes no write (an append is
+        refused with :class:`ConversationDeletedError`, any other write as not found); its
+        log is kept (:meth:`read_events` still reads it) and its id stays taken until an
+        erasure. None when it was already deleted."""
         cid = await self._parsed(conversation_id)
         head = await retry_transient(lambda: self._backend.get_conversation(cid), safe=True)
         if head is None:

@@ -125,10 +125,11 @@ BEGIN
     END IF;
     -- An initial state is the log's first event, so the state is still a fold of the log.
     IF p_state IS NOT NULL THEN
+        -- Stamped once the scopes are locked, as in episodic_append.
+        PERFORM episodic_apply_shared_state(p_tenant_id, v_change -> 'shared');
         INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
                                      token_estimate, payload)
-        VALUES (p_conversation_id, 1, p_tenant_id, 'state', p_created_at, 0, p_state);
-        PERFORM episodic_apply_shared_state(p_tenant_id, v_change -> 'shared');
+        VALUES (p_conversation_id, 1, p_tenant_id, 'state', clock_timestamp(), 0, p_state);
     END IF;
     RETURN true;
 END
@@ -321,11 +322,14 @@ BEGIN
                WITH ORDINALITY AS t(payload, tokens, client_id, i);
     END IF;
     IF p_state IS NOT NULL THEN
+        -- Stamped once the shared scopes' rows are locked: a concurrent writer to the same
+        -- scope committed before this one is stamped earlier, so the log, in created_at
+        -- order, folds into the scopes as they were applied (episodic/store/state.py).
+        PERFORM episodic_apply_shared_state(v_head.tenant_id, v_change -> 'shared');
         INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
                                      token_estimate, payload)
-        VALUES (p_conversation_id, v_last + v_n + 1, v_head.tenant_id, 'state', now(), 0,
-                p_state);
-        PERFORM episodic_apply_shared_state(v_head.tenant_id, v_change -> 'shared');
+        VALUES (p_conversation_id, v_last + v_n + 1, v_head.tenant_id, 'state',
+                clock_timestamp(), 0, p_state);
     END IF;
 
     -- episodic_mark_due's own tests first, written out: most appends leave the head not
@@ -537,6 +541,59 @@ END
 $fn$;
 """
 
+MARK_DUE = """
+CREATE FUNCTION episodic_mark_due(p_head episodic_conversations, p_trigger jsonb) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_reason text;
+BEGIN
+    IF p_head.due_since IS NOT NULL OR p_head.dead_since IS NOT NULL
+       OR p_head.deleted_at IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    v_reason := episodic_trigger_reason(p_head, p_trigger, now());
+    IF v_reason IS NULL THEN
+        RETURN false;
+    END IF;
+    -- Checked again on the row as it is now: the sweep reads heads without locking them.
+    UPDATE episodic_conversations
+       SET due_since = now(), due_reason = v_reason, next_attempt_at = now(),
+           compaction_attempts = 0, last_error = NULL
+     WHERE conversation_id = p_head.conversation_id
+       AND due_since IS NULL AND dead_since IS NULL AND deleted_at IS NULL;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_notify('episodic_due', p_head.conversation_id::text);
+    RETURN true;
+END
+$fn$;
+"""
+
+SWEEP_DUE = """
+CREATE FUNCTION episodic_sweep_due(p_trigger jsonb) RETURNS SETOF uuid
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_head episodic_conversations;
+BEGIN
+    -- The rule is asked in the scan, so only the few heads it fires on go through
+    -- episodic_mark_due (which asks again, on the row as it is when updated).
+    FOR v_head IN
+        SELECT * FROM episodic_conversations c
+         WHERE c.due_since IS NULL AND c.dead_since IS NULL AND c.deleted_at IS NULL
+           AND c.last_seq > COALESCE(c.boundary_seq, 0)
+           AND episodic_trigger_reason(c, p_trigger, now()) IS NOT NULL
+    LOOP
+        IF episodic_mark_due(v_head, p_trigger) THEN
+            RETURN NEXT v_head.conversation_id;
+        END IF;
+    END LOOP;
+END
+$fn$;
+"""
+
 
 def _replacing(definition: str) -> str:
     return definition.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
@@ -580,14 +637,13 @@ def upgrade() -> None:
     )
     # The worker's appends and events set these too (its grant is by column).
     op.execute(
-        "GRANT UPDATE (touched_at, state, deleted_at) ON episodic_conversations "
-        "TO episodic_worker"
+        "GRANT UPDATE (touched_at, state, deleted_at) ON episodic_conversations TO episodic_worker"
     )
     op.execute(f"DROP FUNCTION {EARLIER_APPEND_SIGNATURE}")
     op.execute(f"DROP FUNCTION {EARLIER_CREATE_SIGNATURE}")
     for definition in (APPLY_SHARED_STATE, CREATE_CONVERSATION, APPEND, READ_STATE, LIST_BY_USER):
         op.execute(definition)
-    for definition in (LOCK_HEAD, LOAD_TAIL, WRITE_EVENT):
+    for definition in (LOCK_HEAD, LOAD_TAIL, WRITE_EVENT, MARK_DUE, SWEEP_DUE):
         op.execute(_replacing(definition))
 
 
@@ -602,6 +658,8 @@ def downgrade() -> None:
         op.execute(_replacing(sixth.LOCK_HEAD))
         op.execute(_replacing(_load_revision("0008_coalesced_appends.py").LOAD_TAIL))
         op.execute(_replacing(_NINTH.WRITE_EVENT))
+        op.execute(_replacing(sixth.MARK_DUE))
+        op.execute(_replacing(sixth.SWEEP_DUE))
     _NINTH._kinds(EARLIER_KINDS)
     op.drop_table("episodic_shared_state")
     op.drop_index(LISTED, table_name="episodic_conversations")

@@ -23,6 +23,7 @@ from episodic import (
     StateChange,
     ValidationError,
 )
+from episodic.policy import EpisodicCompactionConfig
 from episodic.store.projection import counters_of, rebuild_head
 from episodic.store.state import rebuild_shared_state, rebuild_state
 from tests.conftest import isolated_settings
@@ -36,6 +37,8 @@ values = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(-5, 5),
+    # (PostgreSQL's jsonb reads 1e16 back as an integer, as it does for ADK's own service)
+    st.floats(-1e6, 1e6, allow_nan=False),
     texts,
     st.dictionaries(st.sampled_from(("name", "role")), texts, max_size=2),
 )
@@ -213,7 +216,6 @@ async def test_a_deleted_conversation_is_hidden_and_its_log_kept(store: Episodic
         await store.append(conv, [Message.user("late")])
     head = await store.get_conversation(conv)
     assert head.deleted_at is not None
-    assert head.due_since is None
 
 
 async def test_listing_pages_by_user_then_id(store: EpisodicStore) -> None:
@@ -233,3 +235,36 @@ async def test_listing_pages_by_user_then_id(store: EpisodicStore) -> None:
     assert seen == made
     only_a = await store.list_by_user("app", "a")
     assert [c.conversation_id for c in only_a] == [cid for user, cid in made if user == "a"]
+
+
+async def test_a_deleted_conversation_leaves_the_compaction_queue_for_good(
+    store: EpisodicStore,
+) -> None:
+    store.trigger = EpisodicCompactionConfig(trigger_unfinished_turns=1)
+    conv = await store.create_conversation()
+    await store.append(conv, [Message.user("one"), Message.user("two")])
+    assert (await store.get_conversation(conv)).due_since is not None
+    await store.delete_conversation(conv)
+    assert (await store.get_conversation(conv)).due_since is None
+    assert await store.mark_due_by_age() == 0
+    assert await store.claim_due("w", limit=10, lease_seconds=30) == []
+    assert await store.claim_conversation(conv, "w", lease_seconds=30) is None
+    assert conv not in {c.conversation_id for c in await store.list_conversations()}
+
+
+async def test_concurrent_writers_to_one_scope_rebuild_as_applied(store: EpisodicStore) -> None:
+    """Appends from many conversations racing to change the same shared key: the stored
+    scope is the fold of the log's state events in their order (each stamped once its
+    scope is locked), whoever won each race."""
+    conversations = [await store.create_conversation() for _ in range(6)]
+
+    async def writer(index: int, conv: Any) -> None:
+        for turn in range(8):
+            change = StateChange(shared={"app": {"k": f"{index}.{turn}", f"w{index}": turn}})
+            await store.append(conv, [Message.user("x")], state=change)
+
+    await asyncio.gather(*(writer(i, c) for i, c in enumerate(conversations)))
+    events = [e for c in conversations for e in await store.read_events(c, limit=1_000)]
+    stored = (await store.read_state(None, shared=["app"])).shared
+    assert stored == rebuild_shared_state(events)
+    assert {stored["app"][f"w{i}"] for i in range(6)} == {7}

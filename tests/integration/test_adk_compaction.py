@@ -11,8 +11,9 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
+from pydantic import Field
 
-from episodic import BoundaryEvent, BoundaryRequest, EpisodicStore
+from episodic import BoundaryEvent, BoundaryRequest, EpisodicStore, ValidationError
 from episodic.policy import EpisodicCompactionConfig
 from episodic.summarizers.extractive import ExtractiveSummarizer
 from episodic.worker.runner import CompactionWorker
@@ -197,7 +198,7 @@ class ScriptedLlm(BaseLlm):
     """A model that, for each question, calls ``lookup`` once and then answers, and keeps
     every request's contents (no network)."""
 
-    requests: list[list[types.Content]] = []
+    requests: list[list[types.Content]] = Field(default_factory=list)
 
     async def generate_content_async(
         self, llm_request: LlmRequest, stream: bool = False
@@ -236,7 +237,6 @@ async def test_runner_over_many_turns_with_the_worker_compacting_between_them(
     store.trigger = EpisodicCompactionConfig(trigger_unfinished_turns=4)
     service = EpisodicSessionService(store)
     model = ScriptedLlm(model="scripted")
-    model.requests = []
     agent = LlmAgent(name="researcher", model=model, tools=[lookup], instruction="Research.")
     runner = Runner(agent=agent, app_name="app", session_service=service)
     worker = CompactionWorker(store, ExtractiveSummarizer(), worker_id="adk-e2e")
@@ -325,3 +325,170 @@ async def test_get_session_and_append_cost_the_same_round_trips_at_any_length(
             await service.append_event(got, _user("one more", 99_999.0))
             costs.append((read, counter.round_trips - before))
         assert costs[0] == costs[1] == (2, 1)
+
+
+def _compaction(start: float, end: float, text: str, at: float) -> Event:
+    return Event(
+        invocation_id=f"c{at}",
+        author="user",
+        timestamp=at,
+        actions=EventActions(
+            compaction=EventCompaction(
+                start_timestamp=start,
+                end_timestamp=end,
+                compacted_content=types.Content(role="model", parts=[types.Part(text=text)]),
+            )
+        ),
+    )
+
+
+def _summaries(events: list[Event]) -> list[str]:
+    return [
+        e.actions.compaction.compacted_content.parts[0].text
+        for e in events
+        if e.actions.compaction is not None
+    ]
+
+
+async def test_sliding_window_compactions_all_stand_until_one_contains_them(
+    service: EpisodicSessionService, store: EpisodicStore
+) -> None:
+    """ADK's sliding window leaves each window's summary standing; a later compaction that
+    contains earlier ones replaces them. get_session, read from the tail, shows what ADK's
+    own request builder would keep."""
+    session = await service.create_session(app_name="app", user_id="u", session_id="s")
+    await _turns(service, session, 3)  # timestamps 1000 .. 1023
+    await service.append_event(session, _compaction(1000.0, 1013.0, "window one", 1024.0))
+    await _turns(service, session, 2, start=3)  # 1030 .. 1043
+    await service.append_event(session, _compaction(1010.0, 1033.0, "window two", 1044.0))
+    got = await service.get_session(app_name="app", user_id="u", session_id="s")
+    assert got is not None
+    assert _summaries(got.events) == ["window one", "window two"]
+    assert [e.timestamp for e in got.events if not e.actions.compaction] == [
+        1040.0, 1041.0, 1042.0, 1043.0,
+    ]  # fmt: skip
+    cid = session_conversation_id("app", "u", "s")
+    context = await store.load_context(cid)
+    assert "window one" in context.messages[0].text
+    assert "window two" in context.messages[0].text
+
+    await service.append_event(session, _compaction(1000.0, 1043.0, "everything", 1050.0))
+    got = await service.get_session(app_name="app", user_id="u", session_id="s")
+    assert got is not None
+    assert _summaries(got.events) == ["everything"]
+    assert len(got.events) == 1
+
+
+async def test_a_worker_handoff_stands_beside_adks_later_compaction(
+    service: EpisodicSessionService, store: EpisodicStore
+) -> None:
+    session = await service.create_session(app_name="app", user_id="u", session_id="s")
+    await _turns(service, session, 2)
+    cid = session_conversation_id("app", "u", "s")
+    head = await store.get_conversation(cid)
+    await store.write_boundary(
+        cid,
+        BoundaryRequest(
+            summary="the worker's handoff",
+            covers_through_seq=head.last_seq,
+            reason="context_pressure",
+            expected_boundary_seq=None,
+        ),
+    )
+    await _turns(service, session, 2, start=2)  # 1020 .. 1033
+    await service.append_event(session, _compaction(1020.0, 1023.0, "ADK's window", 1034.0))
+    got = await service.get_session(app_name="app", user_id="u", session_id="s")
+    assert got is not None
+    texts = _summaries(got.events)
+    assert len(texts) == 2
+    assert "the worker's handoff" in texts[0]
+    assert texts[1] == "ADK's window"
+    assert [e.timestamp for e in got.events if not e.actions.compaction] == [
+        1030.0, 1031.0, 1032.0, 1033.0,
+    ]  # fmt: skip
+
+
+async def test_a_compaction_ending_at_parallel_responses_cuts_after_all_of_them(
+    service: EpisodicSessionService, store: EpisodicStore
+) -> None:
+    session = await service.create_session(app_name="app", user_id="u", session_id="s")
+    await service.append_event(session, _user("q", 1.0))
+    calls = [
+        types.Part(function_call=types.FunctionCall(id=f"p{i}", name="lookup", args={}))
+        for i in range(3)
+    ]
+    responses = [
+        types.Part(function_response=types.FunctionResponse(id=f"p{i}", name="lookup", response={}))
+        for i in range(3)
+    ]
+    await service.append_event(
+        session,
+        Event(author="agent", timestamp=2.0, content=types.Content(role="model", parts=calls)),
+    )
+    await service.append_event(
+        session,
+        Event(author="agent", timestamp=3.0, content=types.Content(role="user", parts=responses)),
+    )
+    await service.append_event(session, _answer("done", 4.0))
+    await service.append_event(session, _compaction(1.0, 3.0, "three lookups", 5.0))
+    cid = session_conversation_id("app", "u", "s")
+    boundaries = [e for e in await store.read_events(cid) if isinstance(e, BoundaryEvent)]
+    assert len(boundaries) == 1
+    got = await service.get_session(app_name="app", user_id="u", session_id="s")
+    assert got is not None
+    assert [e.timestamp for e in got.events] == [4.0, 5.0]
+
+
+async def test_a_compaction_that_cannot_be_a_boundary_still_appends(
+    service: EpisodicSessionService, store: EpisodicStore
+) -> None:
+    session = await service.create_session(app_name="app", user_id="u", session_id="s")
+    await _turns(service, session, 1)
+    blank = _compaction(1000.0, 1003.0, "   ", 1004.0)  # no summary to write
+    await service.append_event(session, blank)
+    cid = session_conversation_id("app", "u", "s")
+    assert not [e for e in await store.read_events(cid) if isinstance(e, BoundaryEvent)]
+    got = await service.get_session(app_name="app", user_id="u", session_id="s")
+    assert got is not None
+    assert got.events == session.events
+
+
+async def test_a_long_running_tool_answers_twice(service: EpisodicSessionService) -> None:
+    """ADK's LongRunningFunctionTool: an interim response now, the final one later, both
+    for the same call id, as ADK's own services store them."""
+    session = await service.create_session(app_name="app", user_id="u", session_id="s")
+    call = types.Part(function_call=types.FunctionCall(id="lr1", name="approve", args={}))
+    await service.append_event(
+        session,
+        Event(
+            author="agent",
+            content=types.Content(role="model", parts=[call]),
+            long_running_tool_ids={"lr1"},
+        ),
+    )
+    for status in ("pending", "approved"):
+        answer = types.Part(
+            function_response=types.FunctionResponse(
+                id="lr1", name="approve", response={"status": status}
+            )
+        )
+        await service.append_event(
+            session, Event(author="agent", content=types.Content(role="user", parts=[answer]))
+        )
+    got = await service.get_session(app_name="app", user_id="u", session_id="s")
+    assert got is not None
+    assert got.events == session.events
+    assert len(got.events) == 3
+    # A second answer to a call that is not long-running is still refused.
+    plain = types.Part(function_call=types.FunctionCall(id="c1", name="f", args={}))
+    await service.append_event(
+        session, Event(author="agent", content=types.Content(role="model", parts=[plain]))
+    )
+    again = types.Part(function_response=types.FunctionResponse(id="c1", name="f", response={}))
+    for attempt in range(2):
+        event = Event(author="agent", content=types.Content(role="user", parts=[again]))
+        if attempt == 0:
+            await service.append_event(session, event)
+        else:
+            with pytest.raises(ValidationError):
+                await service.append_event(session, event)

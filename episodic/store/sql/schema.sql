@@ -404,7 +404,8 @@ CREATE FUNCTION episodic_mark_due(p_head episodic_conversations, p_trigger jsonb
 DECLARE
     v_reason text;
 BEGIN
-    IF p_head.due_since IS NOT NULL OR p_head.dead_since IS NOT NULL THEN
+    IF p_head.due_since IS NOT NULL OR p_head.dead_since IS NOT NULL
+       OR p_head.deleted_at IS NOT NULL THEN
         RETURN false;
     END IF;
     v_reason := episodic_trigger_reason(p_head, p_trigger, now());
@@ -416,7 +417,7 @@ BEGIN
        SET due_since = now(), due_reason = v_reason, next_attempt_at = now(),
            compaction_attempts = 0, last_error = NULL
      WHERE conversation_id = p_head.conversation_id
-       AND due_since IS NULL AND dead_since IS NULL;
+       AND due_since IS NULL AND dead_since IS NULL AND deleted_at IS NULL;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -438,7 +439,7 @@ BEGIN
     -- episodic_mark_due (which asks again, on the row as it is when updated).
     FOR v_head IN
         SELECT * FROM episodic_conversations c
-         WHERE c.due_since IS NULL AND c.dead_since IS NULL
+         WHERE c.due_since IS NULL AND c.dead_since IS NULL AND c.deleted_at IS NULL
            AND c.last_seq > COALESCE(c.boundary_seq, 0)
            AND episodic_trigger_reason(c, p_trigger, now()) IS NOT NULL
     LOOP
@@ -500,10 +501,11 @@ BEGIN
     END IF;
     -- An initial state is the log's first event, so the state is still a fold of the log.
     IF p_state IS NOT NULL THEN
+        -- Stamped once the scopes are locked, as in episodic_append.
+        PERFORM episodic_apply_shared_state(p_tenant_id, v_change -> 'shared');
         INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
                                      token_estimate, payload)
-        VALUES (p_conversation_id, 1, p_tenant_id, 'state', p_created_at, 0, p_state);
-        PERFORM episodic_apply_shared_state(p_tenant_id, v_change -> 'shared');
+        VALUES (p_conversation_id, 1, p_tenant_id, 'state', clock_timestamp(), 0, p_state);
     END IF;
     RETURN true;
 END
@@ -733,11 +735,14 @@ BEGIN
                WITH ORDINALITY AS t(payload, tokens, client_id, i);
     END IF;
     IF p_state IS NOT NULL THEN
+        -- Stamped once the shared scopes' rows are locked: a concurrent writer to the same
+        -- scope committed before this one is stamped earlier, so the log, in created_at
+        -- order, folds into the scopes as they were applied (episodic/store/state.py).
+        PERFORM episodic_apply_shared_state(v_head.tenant_id, v_change -> 'shared');
         INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
                                      token_estimate, payload)
-        VALUES (p_conversation_id, v_last + v_n + 1, v_head.tenant_id, 'state', now(), 0,
-                p_state);
-        PERFORM episodic_apply_shared_state(v_head.tenant_id, v_change -> 'shared');
+        VALUES (p_conversation_id, v_last + v_n + 1, v_head.tenant_id, 'state',
+                clock_timestamp(), 0, p_state);
     END IF;
 
     -- episodic_mark_due's own tests first, written out: most appends leave the head not
