@@ -15,10 +15,12 @@ import re
 
 from episodic.models import (
     BoundaryEvent,
+    DeletionEvent,
     Message,
     MessageEvent,
     RetractionEvent,
     RunCompletedEvent,
+    StateEvent,
     StoredEvent,
     UsageEvent,
 )
@@ -84,6 +86,12 @@ def describe_event(event: StoredEvent) -> str:
         return f"retracted seq {event.retracted_seq}"
     if isinstance(event, UsageEvent):
         return f"usage reported: {event.usage.input_tokens:,} input tokens"
+    if isinstance(event, StateEvent):
+        keys = [*event.change.conversation]
+        keys += [f"{scope}/{key}" for scope, delta in event.change.shared.items() for key in delta]
+        return f"state set: {', '.join(keys)}"
+    if isinstance(event, DeletionEvent):
+        return "deleted: hidden and closed to writes; the log is kept"
     return "cleared: the context starts after this event"
 
 

@@ -14,7 +14,7 @@ from uuid import UUID
 
 import pytest
 
-from episodic import BoundaryRequest, EpisodicStore, Message, ToolCall
+from episodic import BoundaryRequest, EpisodicStore, Message, StateChange, ToolCall
 from episodic.store.attempts import AttemptEnd, AttemptRecord
 from episodic.store.migrate import HEAD_REVISION
 from tests.conftest import isolated_settings
@@ -213,6 +213,31 @@ async def test_show_prints_head_and_events(populated: Populated, workdir: Path) 
         "result #c1 run ok: 1 failed",
         "Fixed it. 🎉",
         "run completed; abandoned calls: none",
+    ]
+
+
+async def test_show_prints_state_changes_and_the_tombstone(
+    database_url: str, workdir: Path
+) -> None:
+    store = await EpisodicStore.open(database_url, settings=isolated_settings())
+    try:
+        cid = await store.create_conversation(state=StateChange(conversation={"lang": "fr"}))
+        await store.append(
+            cid,
+            [Message.user("bonjour")],
+            state=StateChange(shared={"app:weather": {"units": "C"}}),
+        )
+        await store.delete_conversation(cid)
+    finally:
+        await store.close()
+    result = await run_cli_async("show", str(cid), "--database-url", database_url, cwd=workdir)
+    assert result.code == 0, result.output
+    events = table_rows(result.stdout)[1:]
+    assert [(row[2], row[4]) for row in events] == [
+        ("state", "state set: lang"),
+        ("user", "bonjour"),
+        ("state", "state set: app:weather/units"),
+        ("deletion", "deleted: hidden and closed to writes; the log is kept"),
     ]
 
 
