@@ -8,8 +8,9 @@ turns, every fifth turn a function call and its response). episodic's session th
 boundary through the last safe cut (a worker's, as ``store.write_boundary`` writes it) and a
 tail of ``--tail`` more events; ADK's session the same tail, without a boundary (its
 ``DatabaseSessionService`` has none: its compaction is an event, and ``get_session`` still
-reads every event). ``get_session`` is timed ``--loads`` times per length, rotating over the
-lengths, and the median reported; ``append_event`` is the median of the growth's last 200
+reads every event). Each database is then vacuumed, analyzed and checkpointed, and
+``get_session`` timed ``--loads`` times per length, rotating over the lengths, the median
+reported; ``append_event`` is the median of the growth's last 200
 calls. Each service runs on its own throwaway database, dropped at the end. Results are
 printed and written to ``bench/PEERS_ADK.md``. Nothing asserts on timings.
 """
@@ -140,7 +141,7 @@ async def _episodic(url: str, args: argparse.Namespace, result: Result) -> None:
             assert got is not None
             return len(got.events)
 
-        await _timed_loads(sessions, load, args)
+        await _timed_loads(url, sessions, load, args)
         result.points = [p for p, _ in sessions]
     finally:
         await store.close()
@@ -175,17 +176,33 @@ async def _adk(url: str, args: argparse.Namespace, result: Result) -> None:
             assert got is not None
             return len(got.events)
 
-        await _timed_loads(sessions, load, args)
+        await _timed_loads(url, sessions, load, args)
         result.points = [p for p, _ in sessions]
     finally:
         await service.close()
 
 
+async def _settle(url: str) -> None:
+    """The same quiet start for both services' loads: the growth's dead rows vacuumed, its
+    statistics taken and its dirty pages written, not left to autovacuum and the
+    checkpointer during the timed calls."""
+    import asyncpg
+
+    connection = await asyncpg.connect(url)
+    try:
+        await connection.execute("VACUUM (ANALYZE)")
+        await connection.execute("CHECKPOINT")
+    finally:
+        await connection.close()
+
+
 async def _timed_loads(
+    url: str,
     sessions: list[tuple[Point, str]],
     load: Callable[[str], Awaitable[int]],
     args: argparse.Namespace,
 ) -> None:
+    await _settle(url)
     for point, sid in sessions:
         point.events_returned = await load(sid)  # warm
     for _ in range(args.loads):
@@ -265,8 +282,9 @@ sequence of ~400-character messages (every fifth turn a function call and its re
 {args.tail} more events. episodic's has a boundary before those {args.tail} (a ~2,000-character
 summary through the last safe cut, as the compaction worker writes it), so its `get_session`
 returns ADK's compaction event carrying the handoff and the {args.tail}-event tail; ADK's
-returns every event. `get_session` is timed {args.loads} times per length after one warm call,
-rotating over the lengths; `append_event` is the median of the growth's last 200 calls (the
+returns every event. After the growth, each database is vacuumed, analyzed and checkpointed;
+then `get_session` is timed {args.loads} times per length after one warm call, rotating over
+the lengths; `append_event` is the median of the growth's last 200 calls (the
 largest session's, for the longest row). *vs @* is a latency ratio (above 1 is slower);
 *episodic faster by* is ADK's latency over episodic's.
 """
@@ -277,7 +295,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--url", default=os.environ.get("EPISODIC_BENCH_URL", db.DEFAULT_ADMIN_URL))
     p.add_argument("--sizes", default="100,1000,10000", help="events before the boundary")
     p.add_argument("--tail", type=int, default=20, help="events after it (%(default)s)")
-    p.add_argument("--loads", type=int, default=15, help="timed loads per length (%(default)s)")
+    p.add_argument("--loads", type=int, default=30, help="timed loads per length (%(default)s)")
     p.add_argument("--output", type=Path, default=OUTPUT)
     args = p.parse_args(argv)
     args.size_list = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
