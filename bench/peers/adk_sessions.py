@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import db
-from bench.peers.sequence import ARGS, TOOL, body, call_id, kind
 from bench.peers.stores import BOUNDARY_SUMMARY, POOL
+from bench.peers.stores import adk_event as peer_event
 from bench.provenance import command_line, episodic_source, terminate
 
 HERE = Path(__file__).resolve().parent.parent
@@ -47,31 +47,8 @@ def log(what: str) -> None:
 
 
 def adk_event(i: int) -> Any:
-    """Message ``i`` of the peers' sequence as an ADK event."""
-    from google.adk.events import Event
-    from google.genai import types
-
-    k = kind(i)
-    if k == "user":
-        author, role, part = "user", "user", types.Part(text=body(i))
-    elif k == "assistant":
-        author, role, part = "bench_agent", "model", types.Part(text=body(i))
-    elif k == "call":
-        author, role = "bench_agent", "model"
-        part = types.Part(function_call=types.FunctionCall(id=call_id(i), name=TOOL, args=ARGS))
-    else:
-        author, role = "bench_agent", "user"
-        part = types.Part(
-            function_response=types.FunctionResponse(
-                id=call_id(i), name=TOOL, response={"result": body(i)}
-            )
-        )
-    return Event(
-        invocation_id=f"inv-{i // 2}",
-        author=author,
-        content=types.Content(role=role, parts=[part]),
-        timestamp=1_700_000_000.0 + i,
-    )
+    """Message ``i`` of the peers' sequence as an ADK event, stamped by its index."""
+    return peer_event(i, timestamp=1_700_000_000.0 + i)
 
 
 @dataclass
@@ -136,12 +113,7 @@ async def _episodic(url: str, args: argparse.Namespace, result: Result) -> None:
             sessions.append((point, session.id))
             log(f"episodic: {size:,} events + boundary + {args.tail} tail")
 
-        async def load(sid: str) -> int:
-            got = await service.get_session(app_name=APP, user_id=USER, session_id=sid)
-            assert got is not None
-            return len(got.events)
-
-        await _timed_loads(url, sessions, load, args)
+        await _timed_loads(url, sessions, _loader(service), args)
         result.points = [p for p, _ in sessions]
     finally:
         await store.close()
@@ -171,15 +143,21 @@ async def _adk(url: str, args: argparse.Namespace, result: Result) -> None:
             sessions.append((point, session.id))
             log(f"adk: {size + args.tail:,} events in {time.perf_counter() - began:.1f} s")
 
-        async def load(sid: str) -> int:
-            got = await service.get_session(app_name=APP, user_id=USER, session_id=sid)
-            assert got is not None
-            return len(got.events)
-
-        await _timed_loads(url, sessions, load, args)
+        await _timed_loads(url, sessions, _loader(service), args)
         result.points = [p for p, _ in sessions]
     finally:
         await service.close()
+
+
+def _loader(service: Any) -> Callable[[str], Awaitable[int]]:
+    """``get_session`` of a session by id, through either service: how many events came."""
+
+    async def load(sid: str) -> int:
+        got = await service.get_session(app_name=APP, user_id=USER, session_id=sid)
+        assert got is not None
+        return len(got.events)
+
+    return load
 
 
 async def _settle(url: str) -> None:

@@ -303,6 +303,35 @@ class _AdkConv:
     session: Any
 
 
+def adk_event(i: int, timestamp: float | None = None) -> Any:
+    """Message ``i`` of the sequence as a Google ADK event (stamped now, unless given)."""
+    from google.adk.events import Event
+    from google.genai import types as t
+
+    k = kind(i)
+    if k == "user":
+        author, role, part = "user", "user", t.Part(text=body(i))
+    elif k == "assistant":
+        author, role, part = "bench_agent", "model", t.Part(text=body(i))
+    elif k == "call":
+        author, role = "bench_agent", "model"
+        part = t.Part(function_call=t.FunctionCall(id=call_id(i), name=TOOL, args=ARGS))
+    else:
+        author, role = "bench_agent", "user"
+        part = t.Part(
+            function_response=t.FunctionResponse(
+                id=call_id(i), name=TOOL, response={"result": body(i)}
+            )
+        )
+    stamp = {"timestamp": timestamp} if timestamp is not None else {}
+    return Event(
+        invocation_id=f"inv-{i // 2}",
+        author=author,
+        content=t.Content(role=role, parts=[part]),
+        **stamp,
+    )
+
+
 class GoogleADK(Store):
     key = "adk"
     label = "Google ADK DatabaseSessionService"
@@ -318,38 +347,15 @@ class GoogleADK(Store):
     USER = "bench-user"
 
     async def open(self, url: str) -> None:
-        from google.adk.events import Event
         from google.adk.sessions import DatabaseSessionService
-        from google.genai import types
 
-        self._Event, self._types = Event, types
         self._service = DatabaseSessionService(db_url=_sqlalchemy_url(url), pool_size=POOL)
 
     async def close(self) -> None:
         await self._service.close()
 
     def event(self, i: int) -> Any:
-        t = self._types
-        k = kind(i)
-        if k == "user":
-            author, role, part = "user", "user", t.Part(text=body(i))
-        elif k == "assistant":
-            author, role, part = "bench_agent", "model", t.Part(text=body(i))
-        elif k == "call":
-            author, role = "bench_agent", "model"
-            part = t.Part(function_call=t.FunctionCall(id=call_id(i), name=TOOL, args=ARGS))
-        else:
-            author, role = "bench_agent", "user"
-            part = t.Part(
-                function_response=t.FunctionResponse(
-                    id=call_id(i), name=TOOL, response={"result": body(i)}
-                )
-            )
-        return self._Event(
-            invocation_id=f"inv-{i // 2}",
-            author=author,
-            content=t.Content(role=role, parts=[part]),
-        )
+        return adk_event(i)
 
     async def conversation(self) -> _AdkConv:
         return _AdkConv(await self._service.create_session(app_name=self.APP, user_id=self.USER))

@@ -83,6 +83,7 @@ from episodic.models import (
 )
 from episodic.store import DEFAULT_TENANT, EpisodicStore
 from episodic.store.boundaries import BoundaryRequest
+from episodic.store.state import StateSnapshot
 from episodic.view import in_view
 
 logger = logging.getLogger(__name__)
@@ -182,15 +183,9 @@ class EpisodicSessionService(BaseSessionService):
         found = await self.store.read_state(
             cid, shared=[app_scope(app_name), user_scope(app_name, user_id)]
         )
-        session = Session(
-            id=sid,
-            app_name=app_name,
-            user_id=user_id,
-            state=_merged(found.conversation, found.shared, app_name, user_id),
-            last_update_time=now,
+        return _revision(
+            sid, app_name, user_id, found.conversation, found.shared, found.last_seq, now
         )
-        session._storage_update_marker = str(found.last_seq)
-        return session
 
     @override
     async def get_session(
@@ -219,20 +214,20 @@ class EpisodicSessionService(BaseSessionService):
                 events = [e for e in events if e.timestamp >= config.after_timestamp]
             if config is not None and config.num_recent_events is not None:
                 events = events[-config.num_recent_events :]
-        session = Session(
-            id=sid,
-            app_name=app_name,
-            user_id=user_id,
-            state=_merged(found.conversation, found.shared, app_name, user_id),
-            events=events,
-            last_update_time=found.touched_at if found.touched_at is not None else 0.0,
+        return _revision(
+            sid,
+            app_name,
+            user_id,
+            found.conversation,
+            found.shared,
+            found.last_seq,
+            found.touched_at,
+            events,
         )
-        session._storage_update_marker = str(found.last_seq)
-        return session
 
     async def _read_session(
         self, cid: uuid.UUID, scopes: list[str]
-    ) -> tuple[list[Event], Any] | None:
+    ) -> tuple[list[Event], StateSnapshot] | None:
         """The session's events and its state, read at the same seq: a write between the
         two reads is seen by one and not the other, and both are read again."""
         for _ in range(CONSISTENT_READ_TRIES):
@@ -280,15 +275,15 @@ class EpisodicSessionService(BaseSessionService):
         sessions = []
         for conversation in listed:
             assert conversation.user_id is not None
-            sid = conversation.metadata.get("adk_session_id")
-            session = Session(
-                id=str(sid),
-                app_name=app_name,
-                user_id=conversation.user_id,
-                state=_merged(conversation.state, shared, app_name, conversation.user_id),
-                last_update_time=conversation.touched_at or 0.0,
+            session = _revision(
+                str(conversation.metadata.get("adk_session_id")),
+                app_name,
+                conversation.user_id,
+                conversation.state,
+                shared,
+                conversation.last_seq,
+                conversation.touched_at,
             )
-            session._storage_update_marker = str(conversation.last_seq)
             sessions.append(session)
         # ADK's order: oldest update first (then by user and id, as its database service).
         sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
@@ -586,6 +581,29 @@ def _state_change(state: dict[str, Any], app_name: str, user_id: str) -> StateCh
             f"an ADK state delta must hold JSON values only; nothing was written: {exc}",
             field="state_delta",
         ) from None
+
+
+def _revision(
+    session_id: str,
+    app_name: str,
+    user_id: str,
+    own: dict[str, Any],
+    shared: dict[str, dict[str, Any]],
+    last_seq: int | None,
+    updated: float | None,
+    events: Sequence[Event] = (),
+) -> Session:
+    """The session as read at ``last_seq``: ADK's revision marker is that seq."""
+    session = Session(
+        id=session_id,
+        app_name=app_name,
+        user_id=user_id,
+        state=_merged(own, shared, app_name, user_id),
+        events=list(events),
+        last_update_time=updated if updated is not None else 0.0,
+    )
+    session._storage_update_marker = str(last_seq)
+    return session
 
 
 def _merged(
