@@ -28,7 +28,8 @@ deleted session raises
 different events that share an id are both stored. A function response must answer a stored
 call, except a long-running tool's later responses (its first closed the call), which are
 kept as the event's content. ``delete_session`` appends a tombstone: the session is hidden and
-its log kept (and its id taken until an erasure).
+its log kept; creating the same id again makes a new session (the id's next generation, a new
+conversation), as ADK's own services allow.
 """
 
 from __future__ import annotations
@@ -105,17 +106,26 @@ BOUNDARY_EVENT_PREFIX = "episodic-boundary-"
 LIST_PAGE = 500
 #: Boundaries a session may miss and still append (more is another writer, surely).
 MAX_BOUNDARIES_BETWEEN = 16
+#: Times one session id may be deleted and created again.
+MAX_GENERATIONS = 64
 #: Reads of the tail and the state that a concurrent write may put at different seqs.
 CONSISTENT_READ_TRIES = 5
 
 
 def session_conversation_id(
-    app_name: str, user_id: str, session_id: str, tenant_id: str = DEFAULT_TENANT
+    app_name: str,
+    user_id: str,
+    session_id: str,
+    tenant_id: str = DEFAULT_TENANT,
+    generation: int = 0,
 ) -> uuid.UUID:
     """The conversation an ADK session names: the same names, the same conversation, in
-    every process."""
-    key = orjson.dumps([tenant_id, app_name, user_id, session_id])
-    return uuid.uuid5(SESSION_NAMESPACE, key.decode())
+    every process. A session id created again after a deletion names the next
+    ``generation`` (the deleted one keeps its log)."""
+    names: list[str | int] = [tenant_id, app_name, user_id, session_id]
+    if generation:
+        names.append(generation)
+    return uuid.uuid5(SESSION_NAMESPACE, orjson.dumps(names).decode())
 
 
 def app_scope(app_name: str) -> str:
@@ -148,8 +158,32 @@ class EpisodicSessionService(BaseSessionService):
         start."""
         return EpisodicSessionService(self.store, full_history=True)
 
-    def _conversation(self, app_name: str, user_id: str, session_id: str) -> uuid.UUID:
-        return session_conversation_id(app_name, user_id, session_id, self._tenant)
+    def _conversation(
+        self, app_name: str, user_id: str, session_id: str, generation: int = 0
+    ) -> uuid.UUID:
+        return session_conversation_id(app_name, user_id, session_id, self._tenant, generation)
+
+    async def _live(self, app_name: str, user_id: str, session_id: str) -> tuple[int, uuid.UUID]:
+        """The generation of a session id that is not deleted, and its conversation: the
+        first one is read first, so a session never deleted costs one read. NotFoundError
+        when there is none (generations are made in order, so the first missing one ends
+        the search)."""
+        for generation in range(MAX_GENERATIONS):
+            cid = self._conversation(app_name, user_id, session_id, generation)
+            head = await self.store.get_conversation(cid)  # NotFoundError ends the search
+            if head.deleted_at is None:
+                return generation, cid
+        raise NotFoundError(self._conversation(app_name, user_id, session_id))
+
+    @staticmethod
+    def _of(session: Session) -> tuple[int | None, int | None]:
+        """A session object's generation and revision (seq), from its marker; None for a
+        session ADK did not read from here."""
+        marker = session._storage_update_marker
+        if marker is None:
+            return None, None
+        generation, _, seq = marker.rpartition(":")
+        return int(generation or 0), int(seq)
 
     # ---- sessions -----------------------------------------------------------------------
 
@@ -168,23 +202,39 @@ class EpisodicSessionService(BaseSessionService):
         _check_names(app_name, user_id)
         change = _state_change(state or {}, app_name, user_id)
         now = time.time()
-        cid = self._conversation(app_name, user_id, sid)
-        try:
-            await self.store.create_conversation(
-                conversation_id=cid,
-                metadata={"adk_session_id": sid},
-                app_name=app_name,
-                user_id=user_id,
-                state=change,
-                touched_at=now,
+        for generation in range(MAX_GENERATIONS):
+            cid = self._conversation(app_name, user_id, sid, generation)
+            try:
+                await self.store.create_conversation(
+                    conversation_id=cid,
+                    metadata={"adk_session_id": sid, "adk_generation": generation},
+                    app_name=app_name,
+                    user_id=user_id,
+                    state=change,
+                    touched_at=now,
+                )
+                break
+            except ConflictError:
+                # Taken: by a live session (ADK's error), or by a deleted one (the next).
+                if (await self.store.get_conversation(cid)).deleted_at is None:
+                    raise AlreadyExistsError(f"Session with id {sid} already exists.") from None
+        else:
+            raise AlreadyExistsError(
+                f"Session id {sid} was deleted and created again {MAX_GENERATIONS} times; "
+                "erase its old logs or use another id"
             )
-        except ConflictError:
-            raise AlreadyExistsError(f"Session with id {sid} already exists.") from None
         found = await self.store.read_state(
             cid, shared=[app_scope(app_name), user_scope(app_name, user_id)]
         )
         return _revision(
-            sid, app_name, user_id, found.conversation, found.shared, found.last_seq, now
+            sid,
+            app_name,
+            user_id,
+            generation,
+            found.conversation,
+            found.shared,
+            found.last_seq,
+            now,
         )
 
     @override
@@ -197,33 +247,55 @@ class EpisodicSessionService(BaseSessionService):
         config: GetSessionConfig | None = None,
     ) -> Session | None:
         sid = session_id.strip() if session_id else session_id
-        cid = self._conversation(app_name, user_id, sid)
         scopes = [app_scope(app_name), user_scope(app_name, user_id)]
-        if config is not None and config.num_recent_events == 0:
-            events: list[Event] = []
+        read = await self._read_generation(app_name, user_id, sid, 0, scopes, config)
+        if read is None:
+            # Not there, or deleted: a later generation of the id may be live.
             try:
-                found = await self.store.read_state(cid, shared=scopes)
+                generation, _ = await self._live(app_name, user_id, sid)
             except NotFoundError:
                 return None
-        else:
-            read = await self._read_session(cid, scopes)
+            if generation == 0:
+                return None  # written after the read above: not there when asked
+            read = await self._read_generation(app_name, user_id, sid, generation, scopes, config)
             if read is None:
                 return None
-            events, found = read
-            if config is not None and config.after_timestamp is not None:
-                events = [e for e in events if e.timestamp >= config.after_timestamp]
-            if config is not None and config.num_recent_events is not None:
-                events = events[-config.num_recent_events :]
+        generation, events, found = read
+        if config is not None and config.after_timestamp is not None:
+            events = [e for e in events if e.timestamp >= config.after_timestamp]
+        if config is not None and config.num_recent_events:
+            events = events[-config.num_recent_events :]
         return _revision(
             sid,
             app_name,
             user_id,
+            generation,
             found.conversation,
             found.shared,
             found.last_seq,
             found.touched_at,
             events,
         )
+
+    async def _read_generation(
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        generation: int,
+        scopes: list[str],
+        config: GetSessionConfig | None,
+    ) -> tuple[int, list[Event], StateSnapshot] | None:
+        """One generation's events and state (none of its events for a config asking for
+        none); None when it is not there or deleted."""
+        cid = self._conversation(app_name, user_id, session_id, generation)
+        if config is not None and config.num_recent_events == 0:
+            try:
+                return generation, [], await self.store.read_state(cid, shared=scopes)
+            except NotFoundError:
+                return None
+        read = await self._read_session(cid, scopes)
+        return (generation, *read) if read is not None else None
 
     async def _read_session(
         self, cid: uuid.UUID, scopes: list[str]
@@ -275,10 +347,12 @@ class EpisodicSessionService(BaseSessionService):
         sessions = []
         for conversation in listed:
             assert conversation.user_id is not None
+            generation = conversation.metadata.get("adk_generation")
             session = _revision(
                 str(conversation.metadata.get("adk_session_id")),
                 app_name,
                 conversation.user_id,
+                generation if isinstance(generation, int) else 0,
                 conversation.state,
                 shared,
                 conversation.last_seq,
@@ -293,7 +367,8 @@ class EpisodicSessionService(BaseSessionService):
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
         sid = session_id.strip() if session_id else session_id
         try:
-            await self.store.delete_conversation(self._conversation(app_name, user_id, sid))
+            _, cid = await self._live(app_name, user_id, sid)
+            await self.store.delete_conversation(cid)
         except NotFoundError:
             return  # as ADK's services: deleting what is not there is not an error
 
@@ -320,12 +395,18 @@ class EpisodicSessionService(BaseSessionService):
         data = _event_json(event.model_copy(update={"actions": _trimmed(event, stored_delta)}))
         messages = messages_from_adk_event(data)
         key = f"adk:{event.id}:{hashlib.sha256(orjson.dumps(data)).hexdigest()[:32]}"
-        marker = session._storage_update_marker
-        cid = self._conversation(session.app_name, session.user_id, session.id)
+        generation, read_at = self._of(session)
+        if generation is None:
+            try:
+                generation, cid = await self._live(session.app_name, session.user_id, session.id)
+            except NotFoundError:
+                raise SessionNotFoundError(f"Session {session.id} not found.") from None
+        else:
+            cid = self._conversation(session.app_name, session.user_id, session.id, generation)
 
         self._apply_temp_state(session, event)
         event = self._trim_temp_delta_state(event)
-        expected = int(marker) if marker is not None else None
+        expected = read_at
         while True:
             try:
                 stored = await self.store.append(
@@ -348,9 +429,9 @@ class EpisodicSessionService(BaseSessionService):
             except NotFoundError:
                 raise SessionNotFoundError(f"Session {session.id} not found.") from None
         last = stored[-1].seq + (1 if change is not None else 0)
-        if marker is not None and last <= int(marker):
+        if read_at is not None and last <= read_at:
             return event  # the same event again: stored once, applied once
-        session._storage_update_marker = str(last)
+        session._storage_update_marker = _marker(generation, last)
         session.last_update_time = event.timestamp
         self._commit_event_to_session(session, event)
         if event.actions.compaction is not None:
@@ -587,13 +668,15 @@ def _revision(
     session_id: str,
     app_name: str,
     user_id: str,
+    generation: int,
     own: dict[str, Any],
     shared: dict[str, dict[str, Any]],
     last_seq: int | None,
     updated: float | None,
     events: Sequence[Event] = (),
 ) -> Session:
-    """The session as read at ``last_seq``: ADK's revision marker is that seq."""
+    """The session as read at ``last_seq``: ADK's revision marker is that seq (and the
+    generation, past the first)."""
     session = Session(
         id=session_id,
         app_name=app_name,
@@ -602,8 +685,12 @@ def _revision(
         events=list(events),
         last_update_time=updated if updated is not None else 0.0,
     )
-    session._storage_update_marker = str(last_seq)
+    session._storage_update_marker = _marker(generation, last_seq or 0)
     return session
+
+
+def _marker(generation: int, seq: int) -> str:
+    return f"{generation}:{seq}" if generation else str(seq)
 
 
 def _merged(

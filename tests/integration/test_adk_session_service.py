@@ -580,12 +580,41 @@ async def test_delete_keeps_the_log_and_hides_the_session(
     await service.delete_session(app_name="app", user_id="u", session_id="s")
     await service.delete_session(app_name="app", user_id="u", session_id="s")  # no error
     assert (await service.list_sessions(app_name="app", user_id="u")).sessions == []
-    kinds = [
-        e.kind for e in await service.store.read_events(session_conversation_id("app", "u", "s"))
-    ]
-    assert kinds == ["message", "deletion"]
+    first = session_conversation_id("app", "u", "s")
+    assert [e.kind for e in await service.store.read_events(first)] == ["message", "deletion"]
+
+    # The id can be used again, as with ADK's own services: a new session, the old log kept.
+    again = await service.create_session(
+        app_name="app", user_id="u", session_id="s", state={"n": 2}
+    )
+    assert again.events == []
+    await service.append_event(again, _event(text="new"))
+    got = await service.get_session(app_name="app", user_id="u", session_id="s")
+    assert got is not None
+    assert [e.content.parts[0].text for e in got.events] == ["new"]
+    assert got.state == {"n": 2}
+    assert [s.id for s in (await service.list_sessions(app_name="app")).sessions] == ["s"]
+    with pytest.raises(SessionNotFoundError):
+        await service.append_event(session, _event(text="to the deleted one"))
     with pytest.raises(AlreadyExistsError):
         await service.create_session(app_name="app", user_id="u", session_id="s")
+    assert [e.kind for e in await service.store.read_events(first)] == ["message", "deletion"]
+
+    # And again, through a session object ADK did not read (no revision marker).
+    await service.delete_session(app_name="app", user_id="u", session_id="s")
+    third = await service.create_session(app_name="app", user_id="u", session_id="s")
+    handmade = copy.deepcopy(third)
+    handmade._storage_update_marker = None
+    await service.append_event(handmade, _event(text="third"))
+    got = await service.get_session(
+        app_name="app", user_id="u", session_id="s", config=GetSessionConfig(num_recent_events=0)
+    )
+    assert got is not None
+    assert got.events == []
+    got = await service.get_session(app_name="app", user_id="u", session_id="s")
+    assert got is not None
+    assert [e.content.parts[0].text for e in got.events] == ["third"]
+    await service.append_event(got, _event(text="fourth"))
 
 
 @ours
