@@ -201,17 +201,23 @@ async def test_a_cancelled_add_items_lands_whole_or_not_at_all(store: EpisodicSt
     all there or not there, and the session keeps working."""
     session = EpisodicSession("cancel-points", store)
     batch = [{"role": "user", "content": f"m{i}"} for i in range(3)]
-    landed = 0
-    for step in range(40):  # cancelled at once, then after 0.5 ms more each time, up to 20 ms
+    # Cancelled at once, then after 0.5 ms more each time up to 20 ms; then, on a machine slow
+    # enough that no append committed by then, after ever longer waits until one does.
+    delays = [step * 0.0005 for step in range(40)] + [0.02 * 2**k for k in range(8)]
+    landed = tried = 0
+    for delay in delays:
+        if tried >= 40 and landed:
+            break
         before = await session.get_items()
         task = asyncio.create_task(session.add_items(batch))  # type: ignore[arg-type]
-        await asyncio.sleep(step * 0.0005)
+        await asyncio.sleep(delay)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         after = await session.get_items()
-        assert after in (before, before + batch), f"cancelled after {step * 0.5} ms: torn"
+        assert after in (before, before + batch), f"cancelled after {delay * 1000} ms: torn"
         landed += after != before
-    assert 0 < landed < 40, "the cancellations should fall both before and after the commit"
+        tried += 1
+    assert 0 < landed < tried, "the cancellations should fall both before and after the commit"
     await session.add_items([{"role": "user", "content": "still working"}])
     assert (await session.get_items())[-1] == {"role": "user", "content": "still working"}
     await check_head(store, session)
