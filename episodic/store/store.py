@@ -268,16 +268,7 @@ class EpisodicStore:
         it names in the same transaction); ``touched_at`` is the caller's time of creation
         (:attr:`Conversation.touched_at`)."""
         await self._ready()
-        scope = self._backend.tenant
-        if tenant_id is None:
-            tenant_id = scope or DEFAULT_TENANT
-        check_tenant(tenant_id)
-        if scope is not None and tenant_id != scope:
-            raise TenantDeniedError(
-                f"this store is scoped to tenant {scope!r} and cannot create a conversation "
-                f"for tenant {tenant_id!r}; use store.for_tenant({tenant_id!r})",
-                tenant_id=tenant_id,
-            )
+        tenant_id = self._tenant_for(tenant_id, "create a conversation for")
         if metadata is not None and not isinstance(metadata, Mapping):
             raise ValidationError("metadata must be a mapping", field="metadata")
         meta = dict(metadata or {})
@@ -373,16 +364,17 @@ class EpisodicStore:
             raise NotFoundError(cid)
         return found
 
-    def _tenant_for(self, tenant_id: str | None) -> str:
-        """The tenant a read across conversations is of: the scope's (another is refused),
-        else the one given, else the default."""
+    def _tenant_for(self, tenant_id: str | None, action: str = "read") -> str:
+        """The tenant an operation is for: the one given (a scoped store refuses another
+        than its own, saying it cannot ``action`` it), else the scope's, else the default."""
         scope = self._backend.tenant
         if tenant_id is None:
             return scope or DEFAULT_TENANT
         check_tenant(tenant_id)
         if scope is not None and tenant_id != scope:
             raise TenantDeniedError(
-                f"this store is scoped to tenant {scope!r} and cannot read tenant {tenant_id!r}",
+                f"this store is scoped to tenant {scope!r} and cannot {action} tenant "
+                f"{tenant_id!r}; use store.for_tenant({tenant_id!r})",
                 tenant_id=tenant_id,
             )
         return tenant_id
