@@ -60,7 +60,6 @@ from google.adk.sessions.session import Session
 from google.adk.sessions.state import State
 from google.genai import types
 from pydantic import JsonValue
-from pydantic import ValidationError as PydanticValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 from typing_extensions import override
 
@@ -392,9 +391,11 @@ class EpisodicSessionService(BaseSessionService):
             if not key.startswith(State.TEMP_PREFIX)
         }
         change = _state_change(stored_delta, session.app_name, session.user_id)
-        data = _event_json(event.model_copy(update={"actions": _trimmed(event, stored_delta)}))
+        text, data = _event_json(
+            event.model_copy(update={"actions": _trimmed(event, stored_delta)})
+        )
         messages = messages_from_adk_event(data)
-        key = f"adk:{event.id}:{hashlib.sha256(orjson.dumps(data)).hexdigest()[:32]}"
+        key = f"adk:{event.id}:{hashlib.sha256(text).hexdigest()[:32]}"
         generation, read_at = self._of(session)
         if generation is None:
             try:
@@ -641,23 +642,16 @@ def _state_change(state: dict[str, Any], app_name: str, user_id: str) -> StateCh
     cannot hold is refused (:class:`~episodic.errors.ValidationError`), before anything is
     written."""
     try:
-        jsonable = to_jsonable_python(state)
-    except (PydanticSerializationError, TypeError, ValueError) as exc:
-        raise ValidationError(
-            f"an ADK state delta must hold JSON values only; nothing was written: {exc}",
-            field="state_delta",
-        ) from None
-    deltas = _session_util.extract_state_delta(jsonable)
-    shared: dict[str, dict[str, JsonValue]] = {}
-    if deltas["app"]:
-        shared[app_scope(app_name)] = deltas["app"]
-    if deltas["user"]:
-        shared[user_scope(app_name, user_id)] = deltas["user"]
-    if not deltas["session"] and not shared:
-        return None
-    try:
+        deltas = _session_util.extract_state_delta(to_jsonable_python(state))
+        shared: dict[str, dict[str, JsonValue]] = {}
+        if deltas["app"]:
+            shared[app_scope(app_name)] = deltas["app"]
+        if deltas["user"]:
+            shared[user_scope(app_name, user_id)] = deltas["user"]
+        if not deltas["session"] and not shared:
+            return None
         return StateChange(conversation=deltas["session"], shared=shared)
-    except PydanticValidationError as exc:
+    except (PydanticSerializationError, TypeError, ValueError) as exc:  # pydantic's is one
         raise ValidationError(
             f"an ADK state delta must hold JSON values only; nothing was written: {exc}",
             field="state_delta",
@@ -710,16 +704,18 @@ def _trimmed(event: Event, stored_delta: dict[str, Any]) -> EventActions:
     return event.actions.model_copy(update={"state_delta": stored_delta})
 
 
-def _event_json(event: Event) -> dict[str, Any]:
-    """The event's JSON, as ADK's own database service stores it (bytes as base64)."""
+def _event_json(event: Event) -> tuple[bytes, dict[str, Any]]:
+    """The event's JSON, as ADK's own database service stores it (bytes as base64): the
+    text (equal events, equal text) and its value."""
     try:
-        data: dict[str, Any] = orjson.loads(event.model_dump_json())
+        text = event.model_dump_json().encode()
+        data: dict[str, Any] = orjson.loads(text)
     except (PydanticSerializationError, ValueError) as exc:
         raise ValidationError(
             f"the ADK event cannot be stored as JSON; nothing was written: {exc}",
             field="event",
         ) from None
-    return data
+    return text, data
 
 
 def _check_names(app_name: str, user_id: str) -> None:
