@@ -13,7 +13,10 @@ from episodic.errors import (
     DatabaseUnavailableError,
     DuplicateToolCallError,
     EpisodicError,
+    ErasedConversationError,
+    ErasureDeniedError,
     IdempotencyMismatchError,
+    ImportFormatError,
     IntegrityViolationError,
     LeaseLostError,
     LockTimeoutError,
@@ -55,6 +58,8 @@ from episodic.policy import (
 from episodic.settings import EpisodicSettings
 from episodic.store import EpisodicStore
 from episodic.store.boundaries import BoundaryRequest
+from episodic.store.erasure import Erasure
+from episodic.store.transfer import ImportedConversation, ImportSummary
 from episodic.tokens import CharHeuristic, TiktokenEstimator, TokenEstimator
 
 #: The package's version (the wheel's, read by the build from this line).
@@ -79,8 +84,14 @@ __all__ = [
     "EpisodicError",
     "EpisodicSettings",
     "EpisodicStore",
+    "ErasedConversationError",
+    "Erasure",
+    "ErasureDeniedError",
     "IdempotencyMismatchError",
     "ImageBlock",
+    "ImportFormatError",
+    "ImportSummary",
+    "ImportedConversation",
     "IntegrityViolationError",
     "LeaseLostError",
     "LockTimeoutError",

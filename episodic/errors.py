@@ -157,6 +157,20 @@ class ConflictError(EpisodicError):
         self.actual_seq = actual_seq
 
 
+class ErasedConversationError(ConflictError):
+    """The id belongs to a conversation that was erased (:meth:`EpisodicStore.erase_conversation`):
+    it is not re-created by accident. Pass ``reuse_erased_id=True`` to start a new, empty
+    conversation under it."""
+
+    def __init__(self, conversation_id: UUID) -> None:
+        super().__init__(
+            f"conversation {conversation_id} was erased; an erased id is not re-created "
+            "unless you say so: pass reuse_erased_id=True (reuse_erased_ids=True to an import) "
+            "to start a new conversation under it",
+            conversation_id=conversation_id,
+        )
+
+
 class IdempotencyMismatchError(EpisodicError):
     """An idempotency key (or a client message id) was reused for a different payload.
 
@@ -176,6 +190,22 @@ class TenantDeniedError(EpisodicError, PermissionError):
     def __init__(self, message: str, *, tenant_id: str | None = None) -> None:
         super().__init__(message)
         self.tenant_id = tenant_id
+
+
+class ErasureDeniedError(EpisodicError, PermissionError):
+    """The database role may not erase: only members of ``episodic_eraser`` (and the tables'
+    owner) may. Nothing was erased."""
+
+
+class ImportFormatError(ValidationError):
+    """An export file that cannot be imported as it is: not an episodic export, an unknown
+    format version, truncated, reordered or duplicated lines, a checksum or a head that does
+    not match its log. ``line`` is the 1-based line of the file where it was found; nothing
+    was written for the conversation being imported."""
+
+    def __init__(self, message: str, *, line: int) -> None:
+        super().__init__(f"line {line}: {message}", field="lines")
+        self.line = line
 
 
 class LeaseLostError(EpisodicError):
@@ -242,7 +272,10 @@ __all__ = [
     "DatabaseUnavailableError",
     "DuplicateToolCallError",
     "EpisodicError",
+    "ErasedConversationError",
+    "ErasureDeniedError",
     "IdempotencyMismatchError",
+    "ImportFormatError",
     "IntegrityViolationError",
     "LeaseLostError",
     "LockTimeoutError",

@@ -44,6 +44,7 @@ TABLES = (
     "episodic_events",
     "episodic_compaction_attempts",
     "episodic_shared_state",
+    "episodic_erasures",
 )
 
 #: What README tells a new user to install; every optional package the suite needs is in it.

@@ -20,6 +20,8 @@ AttemptOutcome = Literal[
     "conflict",
     "released",
     "lease_lost",
+    # the conversation was deleted or erased while the worker held it: nothing was written
+    "gone",
 ]
 
 

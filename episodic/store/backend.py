@@ -4,9 +4,10 @@ everything dialect-specific lives in those two modules."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 from uuid import UUID
 
 from episodic.models import (
@@ -29,12 +30,17 @@ from episodic.store.attempts import (
 from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite
 from episodic.store.codec import Tail
+from episodic.store.erasure import Erasure
+from episodic.store.export_format import ConversationHeader, EventRow, HeadImage, SharedStateRow
 from episodic.store.migrate import SchemaMigration
 from episodic.store.projection import HeadCounters, HeadState
 from episodic.store.rules import Outcome, WriteOutcome
 from episodic.store.state import StateSnapshot
 
 Closer = Callable[[], Awaitable[None]]
+#: What creating a conversation came to: made, its id taken by one that exists, or by one
+#: that was erased (refused unless the caller reuses erased ids).
+CreateOutcome = Literal["created", "taken", "erased"]
 PlanBoundary = Callable[[HeadState, list[StoredEvent], datetime], BoundaryWrite]
 
 
@@ -70,6 +76,18 @@ class BoundaryPlanner:
     attempt: AttemptRecord | None = None
 
 
+class ImportSink(Protocol):
+    """Where an import writes one conversation, inside the transaction that created its head:
+    its events and attempts in pages, then the head rebuilt from them. Nothing is kept
+    unless ``finish`` is reached and the transaction commits."""
+
+    async def add_events(self, rows: Sequence[EventRow]) -> None: ...
+
+    async def add_attempts(self, records: Sequence[AttemptRecord]) -> None: ...
+
+    async def finish(self, head: HeadImage, touched_at: float | None) -> None: ...
+
+
 class Backend(Protocol):
     dialect: str
     #: the tenant every operation is scoped to; None for an unscoped backend
@@ -101,10 +119,61 @@ class Backend(Protocol):
         listed: tuple[str, str] | None = None,
         touched_at: float | None = None,
         state_json: str | None = None,
-    ) -> bool:
+        reuse_erased: bool = False,
+    ) -> CreateOutcome:
         """Insert the head row (listed under ``listed``, an app and a user), and with
-        ``state_json`` its first event, the initial state, applied as an append's is; False
-        when the id is taken."""
+        ``state_json`` its first event, the initial state, applied as an append's is. An id
+        with a tombstone is "erased" unless ``reuse_erased``."""
+        ...
+
+    async def erase_conversation(
+        self, conversation_id: UUID, erasure_id: UUID, reason: str
+    ) -> Erasure | None:
+        """Remove every row of the conversation and leave its tombstone, in one transaction;
+        for one already erased, its latest tombstone; None for an id never seen."""
+        ...
+
+    async def erase_tenant(
+        self,
+        tenant_id: str,
+        erasure_id: UUID,
+        reason: str,
+        totals: tuple[int, int, int],
+    ) -> Erasure | None:
+        """Once the tenant's conversations are erased: remove its shared state and write its
+        tombstone with ``totals`` (conversations, events, attempts erased); for a tenant
+        with nothing left and a tombstone already, that one. None while it still has
+        conversations (created meanwhile: erase them, then call again)."""
+        ...
+
+    async def conversation_ids(self, tenant_id: str, after: UUID | None, limit: int) -> list[UUID]:
+        """Up to ``limit`` ids of the tenant's conversations, deleted ones too, in id order
+        after ``after``."""
+        ...
+
+    async def read_event_rows(
+        self, conversation_id: UUID, after_seq: int, through_seq: int, limit: int
+    ) -> list[EventRow]:
+        """The raw rows of events ``after_seq`` < seq <= ``through_seq``, oldest first."""
+        ...
+
+    async def read_attempts(self, conversation_id: UUID) -> list[AttemptRecord]:
+        """Every compaction attempt of the conversation, oldest first."""
+        ...
+
+    async def read_shared_states(self, tenant_id: str) -> list[SharedStateRow]: ...
+
+    async def write_shared_states(self, rows: Sequence[SharedStateRow]) -> None:
+        """Set each scope to the row's state (an import of a tenant's shared state)."""
+        ...
+
+    def importing(
+        self, header: ConversationHeader, tenant_id: str, *, reuse_erased: bool
+    ) -> AbstractAsyncContextManager[ImportSink]:
+        """A transaction that creates the header's conversation under ``tenant_id`` (refused
+        as :class:`ConflictError` when the id is taken, :class:`ErasedConversationError`
+        when it was erased, unless ``reuse_erased``) and yields where its log goes; rolled
+        back if the block raises."""
         ...
 
     async def read_state(
@@ -212,6 +281,8 @@ __all__ = [
     "Backend",
     "BoundaryPlanner",
     "Closer",
+    "CreateOutcome",
+    "ImportSink",
     "Outcome",
     "PlanBoundary",
     "PlanEvent",

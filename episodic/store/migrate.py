@@ -29,6 +29,7 @@ REVISIONS = (
     "0009_retractions_and_clears",
     "0010_append_sees_a_new_head",
     "0011_state_listings_deletion",
+    "0012_erasure",
 )
 HEAD_REVISION = REVISIONS[-1]
 

@@ -26,7 +26,7 @@ import orjson
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
-from episodic.errors import ConflictError, SchemaNotMigratedError
+from episodic.errors import ConflictError, ErasedConversationError, SchemaNotMigratedError
 from episodic.models import Conversation, StoredEvent
 from episodic.policy import EpisodicCompactionConfig
 from episodic.store.attempts import (
@@ -37,7 +37,14 @@ from episodic.store.attempts import (
     CompactionQueueEntry,
     CompactionStatus,
 )
-from episodic.store.backend import BoundaryPlanner, Closer, PlanEvent, PlannedEvent, WriteOutcome
+from episodic.store.backend import (
+    BoundaryPlanner,
+    Closer,
+    CreateOutcome,
+    PlanEvent,
+    PlannedEvent,
+    WriteOutcome,
+)
 from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite
 from episodic.store.coalesce import AppendCoalescer, CallRolledBack
@@ -50,6 +57,8 @@ from episodic.store.codec import (
     decode_tail,
 )
 from episodic.store.engine import DatabaseUrl
+from episodic.store.erasure import Erasure, erasure_from_row
+from episodic.store.export_format import ConversationHeader, EventRow, HeadImage, SharedStateRow
 from episodic.store.migrate import SchemaMigration, upgrade_to_head
 from episodic.store.pool import Pool
 from episodic.store.sql import named_call
@@ -104,9 +113,78 @@ CREATE_CONVERSATION = named_call(
     "episodic_create_conversation",
     (
         "p_conversation_id", "p_tenant_id", "p_created_at", "p_metadata", "p_scope",
-        "p_app_name", "p_user_id", "p_touched_at", "p_state",
+        "p_app_name", "p_user_id", "p_touched_at", "p_state", "p_reuse_erased",
     ),
 )  # fmt: skip
+#: episodic_create_conversation's refusal of an erased id (raised after its insert, which
+#: the raise takes back).
+ERASED_SQLSTATE = "EP410"
+#: episodic_erase_tenant's refusal while the tenant still has conversations.
+TENANT_NOT_EMPTY_SQLSTATE = "EP409"
+
+ERASE_CONVERSATION = named_call(
+    "episodic_erase_conversation", ("p_conversation_id", "p_erasure_id", "p_reason", "p_scope")
+)
+ERASE_TENANT = named_call(
+    "episodic_erase_tenant",
+    (
+        "p_tenant_id", "p_erasure_id", "p_reason", "p_conversations", "p_events",
+        "p_attempts",
+    ),
+)  # fmt: skip
+CONVERSATION_IDS = """
+SELECT conversation_id FROM episodic_conversations
+ WHERE tenant_id = $1 AND ($2::uuid IS NULL OR conversation_id > $2)
+ ORDER BY conversation_id
+ LIMIT $3
+"""
+EVENT_ROWS = """
+SELECT seq, kind, created_at, token_estimate, payload, usage, client_id, idempotency_key,
+       request_hash, batch_size
+  FROM episodic_events
+ WHERE conversation_id = $1 AND seq > $2 AND seq <= $3 AND ($5::text IS NULL OR tenant_id = $5)
+ ORDER BY seq
+ LIMIT $4
+"""
+ATTEMPT_ROWS = """
+SELECT * FROM episodic_compaction_attempts
+ WHERE conversation_id = $1 AND ($2::text IS NULL OR tenant_id = $2)
+ ORDER BY finished_at, attempt_id
+"""
+SHARED_STATES = """
+SELECT tenant_id, scope, state, updated_at FROM episodic_shared_state
+ WHERE tenant_id = $1 ORDER BY scope
+"""
+WRITE_SHARED_STATES = """
+INSERT INTO episodic_shared_state AS s (tenant_id, scope, state, updated_at)
+SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::timestamptz[])
+ON CONFLICT (tenant_id, scope) DO UPDATE
+   SET state = excluded.state, updated_at = excluded.updated_at
+"""
+# An import's pages: its rows as arrays, one statement each (COPY does not run under
+# row-level security).
+IMPORT_EVENTS = """
+INSERT INTO episodic_events (conversation_id, tenant_id, seq, kind, created_at,
+                             token_estimate, payload, usage, client_id, idempotency_key,
+                             request_hash, batch_size)
+SELECT $1, $2, r.* FROM unnest($3::bigint[], $4::text[], $5::timestamptz[], $6::integer[],
+                               $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
+                               $12::integer[]) AS r
+"""
+IMPORT_ATTEMPTS = """
+INSERT INTO episodic_compaction_attempts
+SELECT (jsonb_populate_record(NULL::episodic_compaction_attempts, j)).*
+  FROM jsonb_array_elements($1::jsonb) AS j
+"""
+IMPORT_HEAD = """
+UPDATE episodic_conversations SET
+    last_seq = $2, boundary_seq = $3, covers_through_seq = $4, total_user_messages = $5,
+    user_messages_since_boundary = $6, run_completed_since_boundary = $7,
+    user_messages_since_run_completed = $8, context_tokens = $9, usage_input_tokens = $10,
+    tokens_since_usage = $11, open_tool_calls = $12, state = $13, boundary_at = $14,
+    deleted_at = $15, touched_at = $16
+ WHERE conversation_id = $1
+"""
 READ_STATE = named_call(
     "episodic_read_state",
     ("p_conversation_id", "p_tenant_id", "p_shared", "p_scope"),
@@ -449,22 +527,132 @@ class PostgresBackend:
         listed: tuple[str, str] | None = None,
         touched_at: float | None = None,
         state_json: str | None = None,
-    ) -> bool:
+        reuse_erased: bool = False,
+    ) -> CreateOutcome:
         app_name, user_id = listed if listed is not None else (None, None)
         with translated_errors():
-            created = await self._pool.fetchval(
-                CREATE_CONVERSATION,
-                conversation_id,
-                tenant_id,
-                created_at,
-                metadata,
-                self.tenant,
-                app_name,
-                user_id,
-                touched_at,
-                state_json,
+            try:
+                outcome: CreateOutcome = await self._pool.fetchval(
+                    CREATE_CONVERSATION,
+                    conversation_id,
+                    tenant_id,
+                    created_at,
+                    metadata,
+                    self.tenant,
+                    app_name,
+                    user_id,
+                    touched_at,
+                    state_json,
+                    reuse_erased,
+                )
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate != ERASED_SQLSTATE:
+                    raise
+                return "erased"
+        return outcome
+
+    async def erase_conversation(
+        self, conversation_id: UUID, erasure_id: UUID, reason: str
+    ) -> Erasure | None:
+        with translated_errors():
+            row = await self._pool.fetchrow(
+                ERASE_CONVERSATION, conversation_id, erasure_id, reason, self.tenant
             )
-        return bool(created)
+        return erasure_from_row(row) if row is not None else None
+
+    async def erase_tenant(
+        self,
+        tenant_id: str,
+        erasure_id: UUID,
+        reason: str,
+        totals: tuple[int, int, int],
+    ) -> Erasure | None:
+        with translated_errors():
+            try:
+                row = await self._pool.fetchrow(
+                    ERASE_TENANT, tenant_id, erasure_id, reason, *totals
+                )
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate != TENANT_NOT_EMPTY_SQLSTATE:
+                    raise
+                return None
+        assert row is not None
+        return erasure_from_row(row)
+
+    async def conversation_ids(self, tenant_id: str, after: UUID | None, limit: int) -> list[UUID]:
+        with translated_errors():
+            async with self._pool.acquire() as connection, connection.transaction():
+                await connection.execute(SET_TENANT, tenant_id)
+                rows = await connection.fetch(CONVERSATION_IDS, tenant_id, after, limit)
+        return [row[0] for row in rows]
+
+    async def read_event_rows(
+        self, conversation_id: UUID, after_seq: int, through_seq: int, limit: int
+    ) -> list[EventRow]:
+        with translated_errors():
+            async with self._session() as connection:
+                rows = await connection.fetch(
+                    EVENT_ROWS, conversation_id, after_seq, through_seq, limit, self.tenant
+                )
+        return [EventRow(*row) for row in rows]
+
+    async def read_attempts(self, conversation_id: UUID) -> list[AttemptRecord]:
+        with translated_errors():
+            async with self._session() as connection:
+                rows = await connection.fetch(ATTEMPT_ROWS, conversation_id, self.tenant)
+        return [AttemptRecord(**dict(row)) for row in rows]
+
+    async def read_shared_states(self, tenant_id: str) -> list[SharedStateRow]:
+        with translated_errors():
+            async with self._pool.acquire() as connection, connection.transaction():
+                await connection.execute(SET_TENANT, tenant_id)
+                rows = await connection.fetch(SHARED_STATES, tenant_id)
+        return [SharedStateRow(*row) for row in rows]
+
+    async def write_shared_states(self, rows: Sequence[SharedStateRow]) -> None:
+        by_tenant: dict[str, list[SharedStateRow]] = {}
+        for row in rows:
+            by_tenant.setdefault(row.tenant_id, []).append(row)
+        with translated_errors():
+            async with self._pool.acquire() as connection, connection.transaction():
+                for tenant, scoped in by_tenant.items():
+                    await connection.execute(SET_TENANT, tenant)
+                    await connection.execute(
+                        WRITE_SHARED_STATES,
+                        [row.tenant_id for row in scoped],
+                        [row.scope for row in scoped],
+                        [row.state for row in scoped],
+                        [row.updated_at for row in scoped],
+                    )
+
+    @asynccontextmanager
+    async def importing(
+        self, header: ConversationHeader, tenant_id: str, *, reuse_erased: bool
+    ) -> AsyncIterator[_PostgresImport]:
+        cid = header.conversation_id
+        with translated_errors():
+            async with self._pool.acquire() as connection, connection.transaction():
+                try:
+                    outcome = await connection.fetchval(
+                        CREATE_CONVERSATION,
+                        cid,
+                        tenant_id,
+                        header.created_at,
+                        header.metadata,
+                        tenant_id,
+                        header.app_name,
+                        header.user_id,
+                        header.touched_at,
+                        None,
+                        reuse_erased,
+                    )
+                except asyncpg.PostgresError as exc:
+                    if exc.sqlstate != ERASED_SQLSTATE:
+                        raise
+                    raise ErasedConversationError(cid) from None
+                if outcome == "taken":
+                    raise ConflictError(f"conversation {cid} already exists", conversation_id=cid)
+                yield _PostgresImport(connection, cid, tenant_id)
 
     async def read_state(
         self, conversation_id: UUID | None, tenant_id: str, scopes: Sequence[str]
@@ -779,6 +967,51 @@ class PostgresBackend:
 
     async def close(self) -> None:
         await self._pool.close()
+
+
+class _PostgresImport:
+    """An import's writes, on the connection whose transaction created the head."""
+
+    def __init__(self, connection: asyncpg.Connection, conversation_id: UUID, tenant: str):
+        self._connection = connection
+        self._cid = conversation_id
+        self._tenant = tenant
+
+    async def add_events(self, rows: Sequence[EventRow]) -> None:
+        columns = list(zip(*((
+            r.seq, r.kind, r.created_at, r.token_estimate, r.payload, r.usage, r.client_id,
+            r.idempotency_key, r.request_hash, r.batch_size,
+        ) for r in rows), strict=True))  # fmt: skip
+        await self._connection.execute(
+            IMPORT_EVENTS, self._cid, self._tenant, *(list(column) for column in columns)
+        )
+
+    async def add_attempts(self, records: Sequence[AttemptRecord]) -> None:
+        await self._connection.execute(
+            IMPORT_ATTEMPTS, [{**record.row(), "tenant_id": self._tenant} for record in records]
+        )
+
+    async def finish(self, head: HeadImage, touched_at: float | None) -> None:
+        c = head.counters
+        await self._connection.execute(
+            IMPORT_HEAD,
+            self._cid,
+            c.last_seq,
+            c.boundary_seq,
+            c.covers_through_seq,
+            c.total_user_messages,
+            c.user_messages_since_boundary,
+            c.run_completed_since_boundary,
+            c.user_messages_since_run_completed,
+            c.context_tokens,
+            c.usage_input_tokens,
+            c.tokens_since_usage,
+            dict(c.open_tool_calls),
+            head.state or None,
+            head.boundary_at,
+            head.deleted_at,
+            touched_at,
+        )
 
 
 async def _write(pool: Pool, statement: str, *arguments: Any) -> WriteOutcome:

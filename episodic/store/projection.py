@@ -225,13 +225,19 @@ def counters_of(head: Conversation) -> HeadCounters:
     return HeadCounters(**{name: getattr(head, name) for name in COUNTER_FIELDS})
 
 
-def rebuild_head(events: Iterable[StoredEvent]) -> HeadCounters:
-    """Fold the log, oldest first, into head counters."""
-    head = HeadCounters()
-    seen: list[StoredEvent] = []
-    for event in events:
+class HeadFold:
+    """The log folded into head counters one event at a time, oldest first, holding only the
+    events after the current cut (what a boundary or a retraction looks at; the cut never
+    moves back), so folding a long log that was compacted costs memory for its tail only."""
+
+    def __init__(self) -> None:
+        self.head = HeadCounters()
+        self._tail: list[StoredEvent] = []
+
+    def add(self, event: StoredEvent) -> HeadCounters:
+        head = self.head
         if isinstance(event, BoundaryEvent):
-            tail = [e for e in seen if e.seq > event.covers_through_seq]
+            tail = [e for e in self._tail if e.seq > event.covers_through_seq]
             head = head.after_boundary(event, tail)
         elif isinstance(event, MessageEvent):
             head = head.after_message(
@@ -243,18 +249,28 @@ def rebuild_head(events: Iterable[StoredEvent]) -> HeadCounters:
         elif isinstance(event, RunCompletedEvent):
             head = head.after_run_completed(seq=event.seq, token_estimate=event.token_estimate)
         elif isinstance(event, RetractionEvent):
-            tail = [e for e in seen if e.seq > head.covers_through_seq]
-            (target,) = (e for e in tail if e.seq == event.retracted_seq)
+            (target,) = (e for e in self._tail if e.seq == event.retracted_seq)
             assert isinstance(target, MessageEvent)
-            head = head.after_retraction(target, tail, seq=event.seq)
+            head = head.after_retraction(target, self._tail, seq=event.seq)
         elif isinstance(event, ClearEvent):
             head = head.after_clear(seq=event.seq)
         elif isinstance(event, UsageEvent):
             head = head.after_usage(event.usage, seq=event.seq)
         elif isinstance(event, StateEvent | DeletionEvent):
             head = head.after_event(seq=event.seq)
-        seen.append(event)
-    return head
+        if head.covers_through_seq != self.head.covers_through_seq:
+            self._tail = [e for e in self._tail if e.seq > head.covers_through_seq]
+        self._tail.append(event)
+        self.head = head
+        return head
+
+
+def rebuild_head(events: Iterable[StoredEvent]) -> HeadCounters:
+    """Fold the log, oldest first, into head counters."""
+    fold = HeadFold()
+    for event in events:
+        fold.add(event)
+    return fold.head
 
 
 def _seq_of_call(tail: Sequence[StoredEvent], call_id: str, *, before: int) -> int | None:
@@ -284,6 +300,7 @@ def _usage_counted_from(tail: Sequence[StoredEvent], covers_through_seq: int) ->
 
 __all__ = [
     "HeadCounters",
+    "HeadFold",
     "HeadState",
     "abandoned_result_tokens",
     "counters_of",

@@ -193,7 +193,31 @@ shared_state = Table(
     Column("updated_at", Timestamp, nullable=False),
 )
 
-#: Tables whose rows are never updated or deleted (database triggers refuse it).
+# The erasure ledger: a tombstone per erased conversation (and per erased tenant), counts and
+# no content, append-only. On PostgreSQL, erased_xid is the erasing transaction: the delete
+# triggers let only it remove the conversation's rows.
+erasures = Table(
+    "episodic_erasures",
+    metadata,
+    Column("erasure_id", Uuid(), primary_key=True),
+    Column("tenant_id", Text(), nullable=False),
+    # NULL for a tenant's tombstone (its shared state, and its totals)
+    Column("conversation_id", Uuid(), nullable=True),
+    Column("conversation_created_at", Timestamp, nullable=True),
+    Column("reason", Text(), nullable=False),
+    Column("conversations", BigInteger(), nullable=False),
+    Column("events", BigInteger(), nullable=False),
+    Column("compaction_attempts", BigInteger(), nullable=False),
+    Column("shared_states", BigInteger(), nullable=False),
+    Column("erased_at", Timestamp, nullable=False),
+    Column("erased_by", Text(), nullable=False),
+    Column("erased_xid", BigInteger(), nullable=True),
+    Index("ix_episodic_erasures_conversation_id", "conversation_id"),
+    Index("ix_episodic_erasures_tenant_id_erased_at", "tenant_id", "erased_at"),
+)
+
+#: Tables whose rows are never updated, and deleted only by an erasure (database triggers
+#: refuse anything else).
 APPEND_ONLY_TABLES = (events.name, compaction_attempts.name)
 
 __all__ = [
@@ -202,6 +226,7 @@ __all__ = [
     "NAMING_CONVENTION",
     "compaction_attempts",
     "conversations",
+    "erasures",
     "events",
     "metadata",
     "shared_state",

@@ -17,13 +17,25 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import orjson
-from sqlalchemy import Select, and_, column, event, func, insert, or_, select, table, update
+from sqlalchemy import (
+    Select,
+    and_,
+    column,
+    delete,
+    event,
+    func,
+    insert,
+    or_,
+    select,
+    table,
+    update,
+)
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection as SyncConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
-from episodic.errors import DatabaseUnavailableError
+from episodic.errors import ConflictError, DatabaseUnavailableError, ErasedConversationError
 from episodic.models import Conversation, StoredEvent
 from episodic.policy import EpisodicCompactionConfig
 from episodic.store.attempts import (
@@ -36,7 +48,14 @@ from episodic.store.attempts import (
     CompactionStatus,
     QueueState,
 )
-from episodic.store.backend import BoundaryPlanner, Closer, PlanEvent, PlannedEvent, WriteOutcome
+from episodic.store.backend import (
+    BoundaryPlanner,
+    Closer,
+    CreateOutcome,
+    PlanEvent,
+    PlannedEvent,
+    WriteOutcome,
+)
 from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite
 from episodic.store.codec import (
@@ -55,10 +74,18 @@ from episodic.store.codec import (
 )
 from episodic.store.due import CLEARED_COMPACTION_STATE, due_marking, swept
 from episodic.store.engine import DatabaseUrl
+from episodic.store.erasure import Erasure, erasure_from_row
+from episodic.store.export_format import ConversationHeader, EventRow, HeadImage, SharedStateRow
 from episodic.store.migrate import SchemaMigration, upgrade_to_head
 from episodic.store.projection import HeadCounters
 from episodic.store.rules import PriorBatch, abandoned_in, append_refusal, needs_abandoned_calls
-from episodic.store.schema import compaction_attempts, conversations, events, shared_state
+from episodic.store.schema import (
+    compaction_attempts,
+    conversations,
+    erasures,
+    events,
+    shared_state,
+)
 from episodic.store.state import StateSnapshot
 from episodic.store.translate import translated_errors
 
@@ -199,9 +226,10 @@ class SqliteBackend:
         listed: tuple[str, str] | None = None,
         touched_at: float | None = None,
         state_json: str | None = None,
-    ) -> bool:
-        # The twin of episodic_create_conversation. Only a taken id is "not created"; any
-        # other refusal is translated as one.
+        reuse_erased: bool = False,
+    ) -> CreateOutcome:
+        # The twin of episodic_create_conversation. Only a taken or erased id is "not
+        # created"; any other refusal is translated as one.
         app_name, user_id = listed if listed is not None else (None, None)
         change = orjson.loads(state_json) if state_json is not None else {}
         statement = (
@@ -221,15 +249,216 @@ class SqliteBackend:
             .on_conflict_do_nothing(index_elements=["conversation_id"])
         )
         async with self._write() as conn:
+            if not reuse_erased and await _erased(conn, conversation_id, self.tenant):
+                return "erased"
             result = await conn.execute(statement)
             if result.rowcount != 1:
-                return False
+                return "taken"
             if state_json is not None:
                 # stamped inside the write, as every write to the scopes (one at a time here)
                 now = datetime.now(UTC)
                 await _apply_shared_state(conn, tenant_id, change.get("shared"), now)
                 await _insert_state_event(conn, conversation_id, tenant_id, 1, now, state_json)
-        return True
+        return "created"
+
+    async def erase_conversation(
+        self, conversation_id: UUID, erasure_id: UUID, reason: str
+    ) -> Erasure | None:
+        # The twin of episodic_erase_conversation (SQLite has no roles: "sqlite" erased it).
+        async with self._write_to(conversation_id, deleted_too=True) as (conn, head):
+            if head is None:
+                return await _latest_tombstone(
+                    conn, erasures.c.conversation_id == conversation_id, self.tenant
+                )
+            cid = events.c.conversation_id == conversation_id
+            counted = await conn.scalar(select(func.count()).select_from(events).where(cid))
+            attempts = compaction_attempts.c.conversation_id == conversation_id
+            tried = await conn.scalar(
+                select(func.count()).select_from(compaction_attempts).where(attempts)
+            )
+            tombstone = {
+                "erasure_id": erasure_id,
+                "tenant_id": head["tenant_id"],
+                "conversation_id": conversation_id,
+                "conversation_created_at": head["created_at"],
+                "reason": reason,
+                "conversations": 1,
+                "events": counted,
+                "compaction_attempts": tried,
+                "shared_states": 0,
+                "erased_at": datetime.now(UTC),
+                "erased_by": "sqlite",
+                "erased_xid": None,
+            }
+            await conn.execute(insert(erasures).values(**tombstone))
+            # The log and the attempts first: their delete triggers find the tombstone
+            # through the head, which goes last.
+            await conn.execute(delete(events).where(cid))
+            await conn.execute(delete(compaction_attempts).where(attempts))
+            await conn.execute(
+                delete(conversations).where(conversations.c.conversation_id == conversation_id)
+            )
+        return erasure_from_row(tombstone)
+
+    async def erase_tenant(
+        self,
+        tenant_id: str,
+        erasure_id: UUID,
+        reason: str,
+        totals: tuple[int, int, int],
+    ) -> Erasure | None:
+        async with self._write() as conn:
+            left = await conn.scalar(
+                select(func.count())
+                .select_from(conversations)
+                .where(conversations.c.tenant_id == tenant_id)
+            )
+            if left:
+                return None
+            scopes = shared_state.c.tenant_id == tenant_id
+            states = await conn.scalar(select(func.count()).select_from(shared_state).where(scopes))
+            if totals[0] == 0 and states == 0:
+                earlier = await _latest_tombstone(
+                    conn,
+                    and_(erasures.c.tenant_id == tenant_id, erasures.c.conversation_id.is_(None)),
+                    None,
+                )
+                if earlier is not None:
+                    return earlier
+            await conn.execute(delete(shared_state).where(scopes))
+            conversations_erased, events_erased, attempts_erased = totals
+            tombstone = {
+                "erasure_id": erasure_id,
+                "tenant_id": tenant_id,
+                "conversation_id": None,
+                "conversation_created_at": None,
+                "reason": reason,
+                "conversations": conversations_erased,
+                "events": events_erased,
+                "compaction_attempts": attempts_erased,
+                "shared_states": states,
+                "erased_at": datetime.now(UTC),
+                "erased_by": "sqlite",
+                "erased_xid": None,
+            }
+            await conn.execute(insert(erasures).values(**tombstone))
+        return erasure_from_row(tombstone)
+
+    async def conversation_ids(self, tenant_id: str, after: UUID | None, limit: int) -> list[UUID]:
+        head = conversations.c
+        query = select(head.conversation_id).where(head.tenant_id == tenant_id)
+        if after is not None:
+            query = query.where(head.conversation_id > after)
+        async with self._read() as conn:
+            rows = await conn.scalars(query.order_by(head.conversation_id).limit(limit))
+            return list(rows)
+
+    async def read_event_rows(
+        self, conversation_id: UUID, after_seq: int, through_seq: int, limit: int
+    ) -> list[EventRow]:
+        e = events.c
+        query = (
+            select(
+                e.seq,
+                e.kind,
+                e.created_at,
+                e.token_estimate,
+                e.payload,
+                e.usage,
+                e.client_id,
+                e.idempotency_key,
+                e.request_hash,
+                e.batch_size,
+            )
+            .where(e.conversation_id == conversation_id, e.seq > after_seq, e.seq <= through_seq)
+            .order_by(e.seq)
+            .limit(limit)
+        )
+        if self.tenant is not None:
+            query = query.where(e.tenant_id == self.tenant)
+        async with self._read() as conn:
+            rows = await conn.execute(query)
+            return [EventRow(*tuple(row)) for row in rows]
+
+    async def read_attempts(self, conversation_id: UUID) -> list[AttemptRecord]:
+        a = compaction_attempts.c
+        query = (
+            select(compaction_attempts)
+            .where(a.conversation_id == conversation_id)
+            .order_by(a.finished_at, a.attempt_id)
+        )
+        if self.tenant is not None:
+            query = query.where(a.tenant_id == self.tenant)
+        async with self._read() as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return [
+            AttemptRecord(
+                **{
+                    **row,
+                    "started_at": utc(row["started_at"]),
+                    "finished_at": utc(row["finished_at"]),
+                    "usage": json_value(row["usage"]),
+                }
+            )
+            for row in rows
+        ]
+
+    async def read_shared_states(self, tenant_id: str) -> list[SharedStateRow]:
+        s = shared_state.c
+        async with self._read() as conn:
+            rows = await conn.execute(
+                select(s.tenant_id, s.scope, s.state, s.updated_at)
+                .where(s.tenant_id == tenant_id)
+                .order_by(s.scope)
+            )
+            return [
+                SharedStateRow(tenant, scope, json_value(state), utc(updated))
+                for tenant, scope, state, updated in rows
+            ]
+
+    async def write_shared_states(self, rows: Sequence[SharedStateRow]) -> None:
+        async with self._write() as conn:
+            for row in rows:
+                statement = sqlite_insert(shared_state).values(
+                    tenant_id=row.tenant_id,
+                    scope=row.scope,
+                    state=row.state,
+                    updated_at=row.updated_at,
+                )
+                await conn.execute(
+                    statement.on_conflict_do_update(
+                        index_elements=["tenant_id", "scope"],
+                        set_={
+                            "state": statement.excluded.state,
+                            "updated_at": statement.excluded.updated_at,
+                        },
+                    )
+                )
+
+    @asynccontextmanager
+    async def importing(
+        self, header: ConversationHeader, tenant_id: str, *, reuse_erased: bool
+    ) -> AsyncIterator[_SqliteImport]:
+        cid = header.conversation_id
+        async with self._write() as conn:
+            if not reuse_erased and await _erased(conn, cid, tenant_id):
+                raise ErasedConversationError(cid)
+            result = await conn.execute(
+                sqlite_insert(conversations)
+                .values(
+                    conversation_id=cid,
+                    tenant_id=tenant_id,
+                    created_at=header.created_at,
+                    metadata=header.metadata,
+                    open_tool_calls={},
+                    app_name=header.app_name,
+                    user_id=header.user_id,
+                )
+                .on_conflict_do_nothing(index_elements=["conversation_id"])
+            )
+            if result.rowcount != 1:
+                raise ConflictError(f"conversation {cid} already exists", conversation_id=cid)
+            yield _SqliteImport(conn, cid, tenant_id)
 
     async def read_state(
         self, conversation_id: UUID | None, tenant_id: str, scopes: Sequence[str]
@@ -546,6 +775,8 @@ class SqliteBackend:
         if end.dead:
             changes["dead_since"] = now
         async with self._write() as conn:
+            if await _head(conn, claim.conversation_id, claim.tenant_id) is None:
+                return "gone"  # erased meanwhile: no attempt row outlives it
             result = await conn.execute(
                 update(conversations)
                 .where(
@@ -747,6 +978,76 @@ def _unopenable(path: str | None) -> str | None:
     if not os.path.isdir(directory):
         return f"its directory {directory} does not exist"
     return None
+
+
+class _SqliteImport:
+    """An import's writes, inside the write transaction that created the head."""
+
+    def __init__(self, conn: AsyncConnection, conversation_id: UUID, tenant: str) -> None:
+        self._conn = conn
+        self._cid = conversation_id
+        self._tenant = tenant
+
+    async def add_events(self, rows: Sequence[EventRow]) -> None:
+        await self._conn.execute(
+            insert(events),
+            [
+                {
+                    "conversation_id": self._cid,
+                    "tenant_id": self._tenant,
+                    "seq": r.seq,
+                    "kind": r.kind,
+                    "created_at": r.created_at,
+                    "token_estimate": r.token_estimate,
+                    "payload": r.payload,
+                    "usage": r.usage,
+                    "client_id": r.client_id,
+                    "idempotency_key": r.idempotency_key,
+                    "request_hash": r.request_hash,
+                    "batch_size": r.batch_size,
+                }
+                for r in rows
+            ],
+        )
+
+    async def add_attempts(self, records: Sequence[AttemptRecord]) -> None:
+        await self._conn.execute(
+            insert(compaction_attempts),
+            [{**record.row(), "tenant_id": self._tenant} for record in records],
+        )
+
+    async def finish(self, head: HeadImage, touched_at: float | None) -> None:
+        await _save_counters(
+            self._conn,
+            self._cid,
+            head.counters,
+            state=head.state or None,
+            boundary_at=head.boundary_at,
+            deleted_at=head.deleted_at,
+            touched_at=touched_at,
+        )
+
+
+async def _erased(conn: AsyncConnection, conversation_id: UUID, tenant: str | None) -> bool:
+    """Whether the id has a tombstone (the scope's, for a scoped store)."""
+    query = select(erasures.c.erasure_id).where(erasures.c.conversation_id == conversation_id)
+    if tenant is not None:
+        query = query.where(erasures.c.tenant_id == tenant)
+    return await conn.scalar(query.limit(1)) is not None
+
+
+async def _latest_tombstone(
+    conn: AsyncConnection, condition: Any, tenant: str | None
+) -> Erasure | None:
+    query = select(erasures).where(condition)
+    if tenant is not None:
+        query = query.where(erasures.c.tenant_id == tenant)
+    row = (
+        (await conn.execute(query.order_by(erasures.c.erased_at.desc()).limit(1)))
+        .mappings()
+        .first()
+    )
+    return erasure_from_row(dict(row)) if row is not None else None
 
 
 async def _head(

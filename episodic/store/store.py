@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 from uuid import UUID, uuid4
 
 import orjson
@@ -16,6 +16,8 @@ from episodic.errors import (
     ConflictError,
     ConversationDeletedError,
     DuplicateToolCallError,
+    ErasedConversationError,
+    ErasureDeniedError,
     IdempotencyMismatchError,
     NotFoundError,
     OrphanToolResultError,
@@ -72,6 +74,7 @@ from episodic.store.checks import (
 from episodic.store.codec import Tail, encode_json, utc
 from episodic.store.due import check_overrides, pressure_from
 from episodic.store.engine import parse_database_url
+from episodic.store.erasure import Erasure, check_reason
 from episodic.store.migrate import HEAD_REVISION, SchemaMigration, check_revision
 from episodic.store.postgres import PostgresBackend
 from episodic.store.projection import HeadState, abandoned_result_tokens, counters_of
@@ -83,10 +86,20 @@ from episodic.store.state import (
     check_touched_at,
     encode_state_change,
 )
+from episodic.store.transfer import (
+    ImportedConversation,
+    ImportSummary,
+    Lines,
+    export_conversation,
+    export_tenant,
+    import_lines,
+)
 from episodic.store.view_changes import plan_clear, plan_deletion, plan_retraction, plan_usage
 from episodic.tokens import TokenEstimator, estimator_from_name
 
 DEFAULT_TENANT = "default"
+
+T = TypeVar("T")
 
 
 class _SchemaState:
@@ -258,6 +271,7 @@ class EpisodicStore:
         user_id: str | None = None,
         state: StateChange | None = None,
         touched_at: float | None = None,
+        reuse_erased_id: bool = False,
     ) -> UUID:
         """Start a conversation and return its id (a new UUID unless you pass one).
         ``tenant_id`` defaults to the store's tenant (:meth:`for_tenant`), else ``"default"``;
@@ -266,7 +280,9 @@ class EpisodicStore:
         ``app_name`` and ``user_id`` (both or neither) list it for :meth:`list_by_user`;
         ``state`` is its initial state (the log's first event, applied to the shared scopes
         it names in the same transaction); ``touched_at`` is the caller's time of creation
-        (:attr:`Conversation.touched_at`)."""
+        (:attr:`Conversation.touched_at`). An id that was erased is refused with
+        :class:`ErasedConversationError` unless ``reuse_erased_id``: then a new, empty
+        conversation starts under it."""
         await self._ready()
         tenant_id = self._tenant_for(tenant_id, "create a conversation for")
         if metadata is not None and not isinstance(metadata, Mapping):
@@ -294,8 +310,11 @@ class EpisodicStore:
             listed=listed,
             touched_at=check_touched_at(touched_at),
             state_json=state_json,
+            reuse_erased=reuse_erased_id is True,
         )
-        if not created:
+        if created == "erased":
+            raise ErasedConversationError(cid)
+        if created == "taken":
             raise ConflictError(f"conversation {cid} already exists", conversation_id=cid)
         return cid
 
@@ -553,6 +572,165 @@ class EpisodicStore:
             raise NotFoundError(cid)
         return found
 
+    # ---- erasure, export, import ----------------------------------------------------------
+
+    async def erase_conversation(self, conversation_id: UUID | str, *, reason: str) -> Erasure:
+        """Remove the conversation completely: every event, compaction attempt and its head,
+        in one transaction, leaving only a tombstone (:class:`Erasure`: counts, ``reason``,
+        when, by which role; no content) in the append-only ``episodic_erasures`` ledger.
+
+        The one path that removes history. On PostgreSQL only a member of
+        ``episodic_eraser`` (or the tables' owner) may take it; any other role gets
+        :class:`ErasureDeniedError` and nothing changes. An append racing the erasure lands
+        before it (and is erased) or gets :class:`NotFoundError`; the id is not re-created
+        by accident (see :meth:`create_conversation`). Erasing it again returns the first
+        tombstone. :class:`NotFoundError` for an id never seen, or another tenant's."""
+        cid = await self._parsed(conversation_id)
+        why = check_reason(reason)
+        erased = await self._erasing(lambda: self._backend.erase_conversation(cid, uuid4(), why))
+        if erased is None:
+            raise NotFoundError(cid)
+        return erased
+
+    async def erase_tenant(self, tenant_id: str, *, reason: str) -> Erasure:
+        """Erase every conversation of the tenant (one transaction each, as
+        :meth:`erase_conversation`, so a crash half way leaves whole conversations and a
+        second call finishes), then its shared state, and return the tenant's tombstone,
+        whose counts are the totals. Conversations created while it runs are erased too.
+        Erasing a tenant with nothing left returns its earlier tombstone."""
+        await self._ready()
+        tenant = self._tenant_for(tenant_id, "erase")
+        why = check_reason(reason)
+        totals = [0, 0, 0]
+        for _ in range(ERASE_TENANT_ROUNDS):
+            while page := await self._backend.conversation_ids(tenant, None, MAX_READ_LIMIT):
+                backend = self._backend.for_tenant(tenant)
+                for cid in page:
+                    erasure_id = uuid4()
+                    erased = await self._erasing(
+                        lambda: backend.erase_conversation(cid, erasure_id, why)  # noqa: B023
+                    )
+                    # (an older tombstone: erased meanwhile by another caller, counted there)
+                    if erased is not None and erased.erasure_id == erasure_id:
+                        totals[0] += 1
+                        totals[1] += erased.events
+                        totals[2] += erased.compaction_attempts
+            done = await self._erasing(
+                lambda: self._backend.erase_tenant(
+                    tenant, uuid4(), why, (totals[0], totals[1], totals[2])
+                )
+            )
+            if done is not None:
+                return done
+        raise ConflictError(
+            f"tenant {tenant!r} kept gaining conversations while it was erased; what was "
+            "erased stays erased: stop its writers and erase it again",
+            conversation_id=UUID(int=0),
+        )
+
+    async def _erasing(self, erase: Callable[[], Awaitable[T]]) -> T:
+        """Run an erasure, a refusal of the role said as what it is."""
+        try:
+            return await erase()
+        except TenantDeniedError as exc:
+            raise ErasureDeniedError(
+                f"this database role may not erase ({exc}); erasing needs a role that is a "
+                "member of episodic_eraser (GRANT episodic_eraser TO <login>), or the tables' "
+                "owner; nothing was erased"
+            ) from exc
+
+    async def export_conversation(self, conversation_id: UUID | str) -> AsyncIterator[str]:
+        """The conversation's whole log as JSON lines, each ending in a newline: a header
+        (format version, schema revision, the conversation, its head, the counts and the
+        SHA-256 of the lines that follow), then every event (every kind, with seq,
+        timestamps and idempotency keys), then its compaction attempts. Streamed: memory
+        stays flat however long the log. Deleted conversations export too."""
+        cid = await self._parsed(conversation_id)
+        async for line in export_conversation(self._backend, cid, schema_revision=HEAD_REVISION):
+            yield line
+
+    async def export_tenant(
+        self, tenant_id: str, *, progress: Callable[[int], None] | None = None
+    ) -> AsyncIterator[str]:
+        """Every conversation of the tenant, as :meth:`export_conversation` writes each, then
+        its shared state (a line per scope). ``progress(n)`` is called after each
+        conversation."""
+        await self._ready()
+        tenant = self._tenant_for(tenant_id, "export")
+        async for line in export_tenant(
+            self._backend.for_tenant(tenant), tenant, schema_revision=HEAD_REVISION,
+            progress=progress,
+        ):  # fmt: skip
+            yield line
+
+    async def count_conversations(self, tenant_id: str) -> int:
+        """How many conversations the tenant has, deleted ones included (what an export of
+        it will write)."""
+        await self._ready()
+        tenant = self._tenant_for(tenant_id)
+        count = 0
+        after: UUID | None = None
+        while page := await self._backend.conversation_ids(tenant, after, MAX_READ_LIMIT):
+            count += len(page)
+            after = page[-1]
+        return count
+
+    async def import_conversation(
+        self,
+        lines: Lines,
+        *,
+        tenant_id: str | None = None,
+        reuse_erased_ids: bool = False,
+    ) -> ImportedConversation:
+        """Recreate one exported conversation (the lines :meth:`export_conversation` wrote,
+        from this store or another backend): seqs, timestamps, boundaries, run completions
+        and idempotency keys as they were, the head rebuilt from the log and checked against
+        the export's header. All or nothing: a truncated or changed file, an unknown format
+        version or a checksum mismatch is an :class:`ImportFormatError` naming the line; an
+        id that exists is a :class:`ConflictError` (an erased one an
+        :class:`ErasedConversationError`, unless ``reuse_erased_ids``); either way nothing is
+        written. ``tenant_id``: the tenant to import it into (default: the file's)."""
+        summary = await self._import(lines, tenant_id, reuse_erased_ids, single=True)
+        if not summary.conversations:
+            raise ValidationError("the file holds shared state but no conversation")
+        return summary.conversations[0]
+
+    async def import_conversations(
+        self,
+        lines: Lines,
+        *,
+        tenant_id: str | None = None,
+        reuse_erased_ids: bool = False,
+        check_only: bool = False,
+    ) -> ImportSummary:
+        """Import every conversation of an export file (a tenant's, or several
+        conversations' one after another) and its shared state, in order, each as
+        :meth:`import_conversation` does: all or nothing per conversation, so on an error
+        the ones before it stay imported. ``check_only``: read and check the whole file,
+        write nothing (what ``episodic import`` does first)."""
+        return await self._import(lines, tenant_id, reuse_erased_ids, check_only=check_only)
+
+    async def _import(
+        self,
+        lines: Lines,
+        tenant_id: str | None,
+        reuse_erased: bool,
+        *,
+        single: bool = False,
+        check_only: bool = False,
+    ) -> ImportSummary:
+        await self._ready()
+        scope = self._backend.tenant
+        tenant = self._tenant_for(tenant_id, "import into") if tenant_id is not None else scope
+        return await import_lines(
+            self._backend,
+            lines,
+            tenant_id=tenant,
+            reuse_erased=reuse_erased is True,
+            check_only=check_only,
+            single=single,
+        )
+
     # ---- boundaries and the request path ------------------------------------------------
 
     async def write_boundary(
@@ -765,6 +943,10 @@ def _stored_batch(
         )
     ]
 
+
+#: Rounds of (erase the tenant's conversations, then its shared state) before erase_tenant
+#: gives up on a tenant that keeps gaining conversations.
+ERASE_TENANT_ROUNDS = 5
 
 #: The longest app name or user id a conversation is listed under.
 MAX_LISTING_LENGTH = 512

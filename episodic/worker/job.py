@@ -20,7 +20,7 @@ from episodic.compaction import (
     prepare_compaction,
 )
 from episodic.context import compose_context, tail_messages
-from episodic.errors import ConflictError, LeaseLostError
+from episodic.errors import ConflictError, LeaseLostError, NotFoundError
 from episodic.policy import resting_cut
 from episodic.store import EpisodicStore
 from episodic.store.attempts import AttemptEnd, AttemptOutcome, AttemptRecord, Claim
@@ -173,6 +173,12 @@ async def compact_claimed(
         )
     except LeaseLostError as exc:
         return await _end(store, claim, replace(record, error=str(exc)), "lease_lost", AttemptEnd())
+    except NotFoundError as exc:
+        # Deleted or erased while we held it: nothing to compact, and for an erased one no
+        # attempt row is written (end_attempt answers "gone" without one).
+        return await _end(
+            store, claim, replace(record, error=str(exc)), "gone", AttemptEnd(clear_due=True)
+        )
     except ConflictError as exc:
         # Someone else wrote a boundary since we loaded: try again at once from the new one.
         return await _end(store, claim, replace(record, error=str(exc)), "conflict", AttemptEnd())

@@ -25,23 +25,27 @@
 --   episodic_worker       the compaction worker: every head (to claim across tenants), the
 --                         counter and lease columns, events only as the claimed tenant
 --   episodic_all_tenants  every row of every tenant: operators and single-tenant apps
+--   episodic_eraser       the erasure path alone: reads and removes a conversation's (or a
+--                         tenant's) rows, leaving a tombstone; writes nothing else
 
 DO $$
 DECLARE
     v_role text;
 BEGIN
-    FOREACH v_role IN ARRAY ARRAY['episodic_app', 'episodic_worker', 'episodic_all_tenants'] LOOP
+    FOREACH v_role IN ARRAY ARRAY['episodic_app', 'episodic_worker', 'episodic_all_tenants',
+                                  'episodic_eraser'] LOOP
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = v_role) THEN
             EXECUTE format('CREATE ROLE %I NOLOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB '
                            'NOCREATEROLE', v_role);
         END IF;
     END LOOP;
 EXCEPTION WHEN insufficient_privilege THEN
-    RAISE EXCEPTION 'episodic needs the roles episodic_app, episodic_worker and '
-                    'episodic_all_tenants, and % may not create roles', current_user
+    RAISE EXCEPTION 'episodic needs the roles episodic_app, episodic_worker, '
+                    'episodic_all_tenants and episodic_eraser, and % may not create roles',
+                    current_user
         USING HINT = 'ask a superuser to run: CREATE ROLE episodic_app NOLOGIN; CREATE ROLE '
-                     'episodic_worker NOLOGIN; CREATE ROLE episodic_all_tenants NOLOGIN; then '
-                     'run episodic migrate again';
+                     'episodic_worker NOLOGIN; CREATE ROLE episodic_all_tenants NOLOGIN; '
+                     'CREATE ROLE episodic_eraser NOLOGIN; then run episodic migrate again';
 END $$;
 
 
@@ -183,6 +187,33 @@ CREATE TABLE episodic_compaction_attempts (
     CONSTRAINT pk_episodic_compaction_attempts PRIMARY KEY (conversation_id, attempt_id)
 );
 
+-- The erasure ledger: one tombstone per erased conversation (and one per erased tenant, for
+-- its shared state), append-only. What was removed and why, never what it said: counts, no
+-- content. erased_xid is the erasing transaction's id: the delete triggers below let only the
+-- transaction that wrote a conversation's tombstone remove its rows.
+CREATE TABLE episodic_erasures (
+    erasure_id uuid NOT NULL,
+    tenant_id text NOT NULL,
+    -- NULL for a tenant's tombstone (erase_tenant: its shared state and its totals)
+    conversation_id uuid,
+    conversation_created_at timestamp with time zone,
+    reason text NOT NULL,
+    conversations bigint NOT NULL,
+    events bigint NOT NULL,
+    compaction_attempts bigint NOT NULL,
+    shared_states bigint NOT NULL,
+    erased_at timestamp with time zone NOT NULL,
+    erased_by text NOT NULL,
+    erased_xid bigint,
+    CONSTRAINT pk_episodic_erasures PRIMARY KEY (erasure_id)
+);
+
+-- A conversation's tombstones (an erased id is not re-created by accident), a tenant's.
+CREATE INDEX ix_episodic_erasures_conversation_id ON episodic_erasures
+    USING btree (conversation_id);
+CREATE INDEX ix_episodic_erasures_tenant_id_erased_at ON episodic_erasures
+    USING btree (tenant_id, erased_at);
+
 
 -- ==== History is never rewritten ============================================================
 -- Triggers that raise, not rules that swallow: a DELETE that silently did nothing would look
@@ -200,11 +231,40 @@ BEGIN
 END
 $$;
 
--- A head may change, but never go: deleting it would orphan its events.
+-- Whether this transaction wrote the conversation's tombstone: the one way its rows may go.
+CREATE FUNCTION episodic_erasing(p_conversation_id uuid) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $fn$
+    SELECT EXISTS (SELECT FROM episodic_erasures e
+                    WHERE e.conversation_id = p_conversation_id
+                      AND e.erased_xid = pg_current_xact_id()::text::bigint)
+$fn$;
+
+-- DELETE on the log and the attempts ledger: refused, as any change, unless the erasure path
+-- is removing the conversation (its tombstone written first, in this transaction).
+CREATE FUNCTION episodic_refuse_unrecorded_delete() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF episodic_erasing(OLD.conversation_id) THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION '% is append-only: % is not allowed', TG_TABLE_NAME, TG_OP
+        USING ERRCODE = 'feature_not_supported',
+              HINT = 'the log is never rewritten; only episodic erase removes a conversation, '
+                     'and it leaves a tombstone in episodic_erasures';
+END
+$$;
+
+-- A head may change, but never go (deleting it would orphan its events), except with the
+-- rest of its conversation, by the erasure path.
 CREATE FUNCTION episodic_refuse_head_removal() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    IF TG_LEVEL = 'ROW' AND episodic_erasing(OLD.conversation_id) THEN
+        RETURN OLD;
+    END IF;
     RAISE EXCEPTION '%: % on % is not allowed', 'the head row of a conversation cannot be deleted: its events would be orphaned, and the log is never rewritten', TG_OP, TG_TABLE_NAME
         USING ERRCODE = 'feature_not_supported',
               HINT = 'conversations are removed only by the erasure path of episodic';
@@ -212,14 +272,20 @@ END
 $$;
 
 CREATE TRIGGER episodic_events_append_only
-    BEFORE DELETE OR UPDATE ON episodic_events
+    BEFORE UPDATE ON episodic_events
     FOR EACH ROW EXECUTE FUNCTION episodic_refuse_change();
+CREATE TRIGGER episodic_events_erasure_only
+    BEFORE DELETE ON episodic_events
+    FOR EACH ROW EXECUTE FUNCTION episodic_refuse_unrecorded_delete();
 CREATE TRIGGER episodic_events_no_truncate
     BEFORE TRUNCATE ON episodic_events
     FOR EACH STATEMENT EXECUTE FUNCTION episodic_refuse_change();
 CREATE TRIGGER episodic_compaction_attempts_append_only
-    BEFORE DELETE OR UPDATE ON episodic_compaction_attempts
+    BEFORE UPDATE ON episodic_compaction_attempts
     FOR EACH ROW EXECUTE FUNCTION episodic_refuse_change();
+CREATE TRIGGER episodic_compaction_attempts_erasure_only
+    BEFORE DELETE ON episodic_compaction_attempts
+    FOR EACH ROW EXECUTE FUNCTION episodic_refuse_unrecorded_delete();
 CREATE TRIGGER episodic_compaction_attempts_no_truncate
     BEFORE TRUNCATE ON episodic_compaction_attempts
     FOR EACH STATEMENT EXECUTE FUNCTION episodic_refuse_change();
@@ -229,6 +295,13 @@ CREATE TRIGGER episodic_conversations_no_delete
 CREATE TRIGGER episodic_conversations_no_truncate
     BEFORE TRUNCATE ON episodic_conversations
     FOR EACH STATEMENT EXECUTE FUNCTION episodic_refuse_head_removal();
+-- The ledger itself: no tombstone is ever changed or removed.
+CREATE TRIGGER episodic_erasures_append_only
+    BEFORE DELETE OR UPDATE ON episodic_erasures
+    FOR EACH ROW EXECUTE FUNCTION episodic_refuse_change();
+CREATE TRIGGER episodic_erasures_no_truncate
+    BEFORE TRUNCATE ON episodic_erasures
+    FOR EACH STATEMENT EXECUTE FUNCTION episodic_refuse_change();
 
 
 -- ==== Tenants ===============================================================================
@@ -244,6 +317,8 @@ ALTER TABLE episodic_compaction_attempts ENABLE ROW LEVEL SECURITY;
 ALTER TABLE episodic_compaction_attempts FORCE ROW LEVEL SECURITY;
 ALTER TABLE episodic_shared_state ENABLE ROW LEVEL SECURITY;
 ALTER TABLE episodic_shared_state FORCE ROW LEVEL SECURITY;
+ALTER TABLE episodic_erasures ENABLE ROW LEVEL SECURITY;
+ALTER TABLE episodic_erasures FORCE ROW LEVEL SECURITY;
 
 CREATE POLICY episodic_tenant_rows ON episodic_conversations
     USING ((tenant_id = current_setting('episodic.tenant_id'::text, true)))
@@ -255,6 +330,9 @@ CREATE POLICY episodic_tenant_rows ON episodic_compaction_attempts
     USING ((tenant_id = current_setting('episodic.tenant_id'::text, true)))
     WITH CHECK ((tenant_id = current_setting('episodic.tenant_id'::text, true)));
 CREATE POLICY episodic_tenant_rows ON episodic_shared_state
+    USING ((tenant_id = current_setting('episodic.tenant_id'::text, true)))
+    WITH CHECK ((tenant_id = current_setting('episodic.tenant_id'::text, true)));
+CREATE POLICY episodic_tenant_rows ON episodic_erasures
     USING ((tenant_id = current_setting('episodic.tenant_id'::text, true)))
     WITH CHECK ((tenant_id = current_setting('episodic.tenant_id'::text, true)));
 CREATE POLICY episodic_all_tenants_rows ON episodic_conversations
@@ -273,6 +351,32 @@ CREATE POLICY episodic_all_tenants_rows ON episodic_shared_state
     TO episodic_all_tenants
     USING (true)
     WITH CHECK (true);
+CREATE POLICY episodic_all_tenants_rows ON episodic_erasures
+    TO episodic_all_tenants
+    USING (true)
+    WITH CHECK (true);
+-- The eraser sees every tenant's rows (to erase a conversation by its id alone); its grants
+-- below limit what it may do with them to reading, removing, and writing tombstones.
+CREATE POLICY episodic_eraser_rows ON episodic_conversations
+    TO episodic_eraser
+    USING (true)
+    WITH CHECK (true);
+CREATE POLICY episodic_eraser_rows ON episodic_events
+    TO episodic_eraser
+    USING (true)
+    WITH CHECK (true);
+CREATE POLICY episodic_eraser_rows ON episodic_compaction_attempts
+    TO episodic_eraser
+    USING (true)
+    WITH CHECK (true);
+CREATE POLICY episodic_eraser_rows ON episodic_shared_state
+    TO episodic_eraser
+    USING (true)
+    WITH CHECK (true);
+CREATE POLICY episodic_eraser_rows ON episodic_erasures
+    TO episodic_eraser
+    USING (true)
+    WITH CHECK (true);
 -- The worker's queue: every head (to claim), every attempt (for `episodic status`).
 CREATE POLICY episodic_worker_queue ON episodic_conversations
     FOR SELECT
@@ -288,10 +392,12 @@ CREATE POLICY episodic_worker_ledger ON episodic_compaction_attempts
     TO episodic_worker
     USING (true);
 
--- No UPDATE or DELETE of events or attempts for anyone: 42501 before any trigger runs. The
+-- No UPDATE of events or attempts for anyone, and no DELETE but the eraser's: 42501 before
+-- any trigger runs. The
 -- worker may UPDATE only the head's counter, state and lease columns, never its tenant or
 -- metadata.
-GRANT SELECT ON episodic_alembic_version TO episodic_app, episodic_worker, episodic_all_tenants;
+GRANT SELECT ON episodic_alembic_version
+    TO episodic_app, episodic_worker, episodic_all_tenants, episodic_eraser;
 GRANT SELECT, INSERT, UPDATE ON episodic_conversations TO episodic_app;
 GRANT SELECT, INSERT ON episodic_events TO episodic_app;
 GRANT SELECT ON episodic_compaction_attempts TO episodic_app;
@@ -308,6 +414,15 @@ GRANT SELECT, INSERT ON episodic_compaction_attempts TO episodic_worker;
 GRANT SELECT, INSERT, UPDATE ON episodic_shared_state TO episodic_app, episodic_all_tenants;
 GRANT SELECT, INSERT, UPDATE ON episodic_conversations TO episodic_all_tenants;
 GRANT SELECT, INSERT ON episodic_events, episodic_compaction_attempts TO episodic_all_tenants;
+-- The ledger: read by every role (an erased id is not re-created by accident, and the worker
+-- and the app can tell an erased conversation from one that never was), written by the
+-- eraser alone. The eraser locks a head (the one UPDATE privilege it has) before it erases.
+GRANT SELECT ON episodic_erasures
+    TO episodic_app, episodic_worker, episodic_all_tenants, episodic_eraser;
+GRANT INSERT ON episodic_erasures TO episodic_eraser;
+GRANT SELECT, DELETE ON episodic_conversations, episodic_events, episodic_compaction_attempts,
+    episodic_shared_state TO episodic_eraser;
+GRANT UPDATE (deleted_at) ON episodic_conversations TO episodic_eraser;
 
 -- No function is SECURITY DEFINER: each runs with its caller's rights, so the policies above
 -- still decide. Each function that takes p_scope sets the tenant itself and also checks the
@@ -481,8 +596,9 @@ CREATE FUNCTION episodic_create_conversation(
     p_app_name text DEFAULT NULL::text,
     p_user_id text DEFAULT NULL::text,
     p_touched_at double precision DEFAULT NULL::double precision,
-    p_state text DEFAULT NULL::text
-) RETURNS boolean
+    p_state text DEFAULT NULL::text,
+    p_reuse_erased boolean DEFAULT false
+) RETURNS text
     LANGUAGE plpgsql
     AS $fn$
 DECLARE
@@ -497,7 +613,15 @@ BEGIN
             v_change -> 'conversation')
     ON CONFLICT (conversation_id) DO NOTHING;
     IF NOT FOUND THEN
-        RETURN false;
+        RETURN 'taken';
+    END IF;
+    -- An erased id comes back only when the caller says so. Checked after the insert, which
+    -- waits for an erasure of the same id in flight: then this statement sees its tombstone,
+    -- and the raise takes the insert back.
+    IF NOT p_reuse_erased AND EXISTS (SELECT FROM episodic_erasures e
+                                       WHERE e.conversation_id = p_conversation_id) THEN
+        RAISE EXCEPTION 'conversation % was erased', p_conversation_id
+            USING ERRCODE = 'EP410';
     END IF;
     -- An initial state is the log's first event, so the state is still a fold of the log.
     IF p_state IS NOT NULL THEN
@@ -507,7 +631,7 @@ BEGIN
                                      token_estimate, payload)
         VALUES (p_conversation_id, 1, p_tenant_id, 'state', clock_timestamp(), 0, p_state);
     END IF;
-    RETURN true;
+    RETURN 'created';
 END
 $fn$;
 
@@ -1140,7 +1264,9 @@ $fn$;
 
 -- Ends an attempt that wrote no boundary, fenced by the lease token, and records it (p_attempt:
 -- the episodic_compaction_attempts row as JSON, less its finish). A worker whose lease was
--- taken over changes nothing but the ledger: the attempt is recorded as 'lease_lost'.
+-- taken over changes nothing but the ledger: the attempt is recorded as 'lease_lost'. A
+-- conversation erased meanwhile gets no attempt row ('gone'): the key-share lock waits for an
+-- erasure in flight, so no row is ever left behind one.
 CREATE FUNCTION episodic_end_attempt(
     p_conversation_id uuid,
     p_lease_token uuid,
@@ -1157,6 +1283,12 @@ DECLARE
     v_outcome text;
 BEGIN
     PERFORM episodic_set_tenant(p_scope);
+    PERFORM FROM episodic_conversations c
+      WHERE c.conversation_id = p_conversation_id AND c.tenant_id = p_attempt ->> 'tenant_id'
+        FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RETURN 'gone';
+    END IF;
     UPDATE episodic_conversations
        SET lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
            due_since = CASE WHEN p_clear_due THEN NULL ELSE due_since END,
@@ -1177,5 +1309,110 @@ BEGIN
                     'finished_at', now(), 'tokens_after', NULL, 'boundary_seq', NULL))).*
     RETURNING outcome INTO v_outcome;
     RETURN v_outcome;
+END
+$fn$;
+
+
+-- ==== Erasure ===============================================================================
+-- The one path that removes history: the head locked (appends and the worker wait on it, then
+-- find nothing), the tombstone written, then every row of the conversation deleted, in one
+-- transaction. Run by episodic_eraser (or the tables' owner); any other role is refused at
+-- the tombstone's INSERT with 42501. Erasing what is already erased returns its latest
+-- tombstone and changes nothing; an id never seen returns no row.
+CREATE FUNCTION episodic_erase_conversation(
+    p_conversation_id uuid,
+    p_erasure_id uuid,
+    p_reason text,
+    p_scope text DEFAULT NULL::text
+) RETURNS SETOF episodic_erasures
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_head episodic_conversations;
+    v_events bigint;
+    v_attempts bigint;
+    v_removed bigint;
+    v_tombstone episodic_erasures;
+BEGIN
+    PERFORM episodic_set_tenant(p_scope);
+    SELECT * INTO v_head FROM episodic_conversations c
+     WHERE c.conversation_id = p_conversation_id
+       AND (p_scope IS NULL OR c.tenant_id = p_scope)
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT * FROM episodic_erasures e
+                      WHERE e.conversation_id = p_conversation_id
+                        AND (p_scope IS NULL OR e.tenant_id = p_scope)
+                      ORDER BY e.erased_at DESC
+                      LIMIT 1;
+        RETURN;
+    END IF;
+    -- Stable now: every writer of these rows holds the head's lock (or waits for it).
+    SELECT count(*) INTO v_events FROM episodic_events e
+     WHERE e.conversation_id = p_conversation_id;
+    SELECT count(*) INTO v_attempts FROM episodic_compaction_attempts a
+     WHERE a.conversation_id = p_conversation_id;
+    INSERT INTO episodic_erasures (erasure_id, tenant_id, conversation_id,
+                                   conversation_created_at, reason, conversations, events,
+                                   compaction_attempts, shared_states, erased_at, erased_by,
+                                   erased_xid)
+    VALUES (p_erasure_id, v_head.tenant_id, p_conversation_id, v_head.created_at, p_reason, 1,
+            v_events, v_attempts, 0, now(), current_user, pg_current_xact_id()::text::bigint)
+    RETURNING * INTO v_tombstone;
+    DELETE FROM episodic_events e WHERE e.conversation_id = p_conversation_id;
+    GET DIAGNOSTICS v_removed = ROW_COUNT;
+    DELETE FROM episodic_compaction_attempts a WHERE a.conversation_id = p_conversation_id;
+    DELETE FROM episodic_conversations c WHERE c.conversation_id = p_conversation_id;
+    IF v_removed <> v_events THEN
+        -- the tombstone would misstate what went: take it all back
+        RAISE EXCEPTION 'erasing conversation %: counted % events, removed %',
+            p_conversation_id, v_events, v_removed;
+    END IF;
+    RETURN NEXT v_tombstone;
+END
+$fn$;
+
+-- A tenant's erasure ends here, once each of its conversations is erased (one transaction
+-- each, by the function above): its shared state goes, and the tenant's tombstone records the
+-- totals. A tenant with nothing left and a tombstone already returns that one.
+CREATE FUNCTION episodic_erase_tenant(
+    p_tenant_id text,
+    p_erasure_id uuid,
+    p_reason text,
+    p_conversations bigint,
+    p_events bigint,
+    p_attempts bigint
+) RETURNS SETOF episodic_erasures
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_states bigint;
+    v_tombstone episodic_erasures;
+BEGIN
+    PERFORM episodic_set_tenant(p_tenant_id);
+    IF EXISTS (SELECT FROM episodic_conversations c WHERE c.tenant_id = p_tenant_id) THEN
+        RAISE EXCEPTION 'tenant % still has conversations', p_tenant_id
+            USING ERRCODE = 'EP409';
+    END IF;
+    SELECT count(*) INTO v_states FROM episodic_shared_state s WHERE s.tenant_id = p_tenant_id;
+    IF p_conversations = 0 AND v_states = 0 THEN
+        SELECT * INTO v_tombstone FROM episodic_erasures e
+         WHERE e.tenant_id = p_tenant_id AND e.conversation_id IS NULL
+         ORDER BY e.erased_at DESC
+         LIMIT 1;
+        IF FOUND THEN
+            RETURN NEXT v_tombstone;
+            RETURN;
+        END IF;
+    END IF;
+    DELETE FROM episodic_shared_state s WHERE s.tenant_id = p_tenant_id;
+    INSERT INTO episodic_erasures (erasure_id, tenant_id, conversation_id,
+                                   conversation_created_at, reason, conversations, events,
+                                   compaction_attempts, shared_states, erased_at, erased_by,
+                                   erased_xid)
+    VALUES (p_erasure_id, p_tenant_id, NULL, NULL, p_reason, p_conversations, p_events,
+            p_attempts, v_states, now(), current_user, pg_current_xact_id()::text::bigint)
+    RETURNING * INTO v_tombstone;
+    RETURN NEXT v_tombstone;
 END
 $fn$;

@@ -1,0 +1,473 @@
+"""Erasure: the one audited path that removes history, and the ledger of what it removed.
+
+- ``episodic_erasures``, append-only: a tombstone per erased conversation (and per erased
+  tenant), with counts of the rows removed, the reason, when and by which role; no content.
+- ``episodic_eraser``, a new role (NOLOGIN, like the others): the only one granted DELETE,
+  on the tables a conversation has rows in, and INSERT on the ledger. The app, the worker and
+  episodic_all_tenants still get 42501 for any DELETE.
+- The delete triggers of the log, the attempts ledger and the heads now let a row go only
+  when the transaction removing it wrote the conversation's tombstone first (PostgreSQL:
+  ``erased_xid``; SQLite, which has one writer and no roles: a tombstone of the same
+  conversation, created at the same instant). UPDATE and TRUNCATE are refused as before.
+- ``episodic_create_conversation`` refuses an erased id unless ``p_reuse_erased`` (and now
+  answers 'created', 'taken' or 'erased' through its raise); ``episodic_end_attempt`` writes
+  no attempt for a conversation erased meanwhile ('gone').
+
+(Frozen once it ships: the current definitions are episodic/store/sql/schema.sql and
+episodic/store/schema.py.)
+"""
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0012_erasure"
+down_revision: str | None = "0011_state_listings_deletion"
+
+EARLIER_CREATE_SIGNATURE = (
+    "episodic_create_conversation(uuid, text, timestamptz, jsonb, text, text, text, "
+    "double precision, text)"
+)
+NEW_FUNCTIONS = (
+    "episodic_create_conversation(uuid, text, timestamptz, jsonb, text, text, text, "
+    "double precision, text, boolean)",
+    "episodic_erase_conversation(uuid, uuid, text, text)",
+    "episodic_erase_tenant(text, uuid, text, bigint, bigint, bigint)",
+    "episodic_refuse_unrecorded_delete()",
+    "episodic_erasing(uuid)",
+)
+TENANT = "current_setting('episodic.tenant_id', true)"
+ERASABLE = (
+    "episodic_conversations",
+    "episodic_events",
+    "episodic_compaction_attempts",
+    "episodic_shared_state",
+)
+LEDGER = "episodic_erasures"
+READERS = "episodic_app, episodic_worker, episodic_all_tenants, episodic_eraser"
+#: (table, SQLite's delete trigger there, its refusal)
+SQLITE_DELETE_TRIGGERS = (
+    (
+        "episodic_events",
+        "episodic_events_no_delete",
+        "episodic_events is append-only: DELETE is not allowed",
+    ),
+    (
+        "episodic_compaction_attempts",
+        "episodic_compaction_attempts_no_delete",
+        "episodic_compaction_attempts is append-only: DELETE is not allowed",
+    ),
+    (
+        "episodic_conversations",
+        "episodic_conversations_no_delete",
+        "the head row of a conversation cannot be deleted: its events would be orphaned, and "
+        "the log is never rewritten: DELETE on episodic_conversations is not allowed",
+    ),
+)
+
+
+def _load_revision(filename: str) -> Any:
+    path = Path(__file__).with_name(filename)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ROLE = """
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'episodic_eraser') THEN
+        CREATE ROLE episodic_eraser NOLOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE;
+    END IF;
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE EXCEPTION 'episodic needs the role episodic_eraser, and % may not create roles',
+                    current_user
+        USING HINT = 'ask a superuser to run: CREATE ROLE episodic_eraser NOLOGIN; then run '
+                     'episodic migrate again';
+END $$
+"""
+
+ERASING = """
+CREATE FUNCTION episodic_erasing(p_conversation_id uuid) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $fn$
+    SELECT EXISTS (SELECT FROM episodic_erasures e
+                    WHERE e.conversation_id = p_conversation_id
+                      AND e.erased_xid = pg_current_xact_id()::text::bigint)
+$fn$;
+"""
+
+REFUSE_UNRECORDED_DELETE = """
+CREATE FUNCTION episodic_refuse_unrecorded_delete() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF episodic_erasing(OLD.conversation_id) THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION '% is append-only: % is not allowed', TG_TABLE_NAME, TG_OP
+        USING ERRCODE = 'feature_not_supported',
+              HINT = 'the log is never rewritten; only episodic erase removes a conversation, '
+                     'and it leaves a tombstone in episodic_erasures';
+END
+$$;
+"""
+
+REFUSE_HEAD_REMOVAL = """
+CREATE FUNCTION episodic_refuse_head_removal() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_LEVEL = 'ROW' AND episodic_erasing(OLD.conversation_id) THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION '%: % on % is not allowed', 'the head row of a conversation cannot be deleted: its events would be orphaned, and the log is never rewritten', TG_OP, TG_TABLE_NAME
+        USING ERRCODE = 'feature_not_supported',
+              HINT = 'conversations are removed only by the erasure path of episodic';
+END
+$$;
+"""
+
+CREATE_CONVERSATION = """
+CREATE FUNCTION episodic_create_conversation(
+    p_conversation_id uuid,
+    p_tenant_id text,
+    p_created_at timestamp with time zone,
+    p_metadata jsonb,
+    p_scope text DEFAULT NULL::text,
+    p_app_name text DEFAULT NULL::text,
+    p_user_id text DEFAULT NULL::text,
+    p_touched_at double precision DEFAULT NULL::double precision,
+    p_state text DEFAULT NULL::text,
+    p_reuse_erased boolean DEFAULT false
+) RETURNS text
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_change jsonb := p_state::jsonb;
+BEGIN
+    PERFORM episodic_set_tenant(p_scope);
+    INSERT INTO episodic_conversations (conversation_id, tenant_id, created_at, metadata,
+                                        open_tool_calls, app_name, user_id, touched_at,
+                                        last_seq, state)
+    VALUES (p_conversation_id, p_tenant_id, p_created_at, p_metadata, '{}'::jsonb,
+            p_app_name, p_user_id, p_touched_at, CASE WHEN p_state IS NULL THEN 0 ELSE 1 END,
+            v_change -> 'conversation')
+    ON CONFLICT (conversation_id) DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN 'taken';
+    END IF;
+    -- An erased id comes back only when the caller says so. Checked after the insert, which
+    -- waits for an erasure of the same id in flight: then this statement sees its tombstone,
+    -- and the raise takes the insert back.
+    IF NOT p_reuse_erased AND EXISTS (SELECT FROM episodic_erasures e
+                                       WHERE e.conversation_id = p_conversation_id) THEN
+        RAISE EXCEPTION 'conversation % was erased', p_conversation_id
+            USING ERRCODE = 'EP410';
+    END IF;
+    -- An initial state is the log's first event, so the state is still a fold of the log.
+    IF p_state IS NOT NULL THEN
+        -- Stamped once the scopes are locked, as in episodic_append.
+        PERFORM episodic_apply_shared_state(p_tenant_id, v_change -> 'shared');
+        INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
+                                     token_estimate, payload)
+        VALUES (p_conversation_id, 1, p_tenant_id, 'state', clock_timestamp(), 0, p_state);
+    END IF;
+    RETURN 'created';
+END
+$fn$;
+"""
+
+END_ATTEMPT = """
+CREATE FUNCTION episodic_end_attempt(
+    p_conversation_id uuid,
+    p_lease_token uuid,
+    p_clear_due boolean,
+    p_retry_in_seconds double precision,
+    p_dead boolean,
+    p_attempt jsonb,
+    p_scope text DEFAULT NULL::text
+) RETURNS text
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_held boolean;
+    v_outcome text;
+BEGIN
+    PERFORM episodic_set_tenant(p_scope);
+    PERFORM FROM episodic_conversations c
+      WHERE c.conversation_id = p_conversation_id AND c.tenant_id = p_attempt ->> 'tenant_id'
+        FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RETURN 'gone';
+    END IF;
+    UPDATE episodic_conversations
+       SET lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+           due_since = CASE WHEN p_clear_due THEN NULL ELSE due_since END,
+           due_reason = CASE WHEN p_clear_due THEN NULL ELSE due_reason END,
+           compaction_attempts = CASE WHEN p_clear_due THEN 0 ELSE compaction_attempts END,
+           next_attempt_at = CASE WHEN p_clear_due THEN NULL
+                                  ELSE now() + make_interval(secs => p_retry_in_seconds) END,
+           dead_since = CASE WHEN p_dead THEN now() ELSE dead_since END,
+           last_error = p_attempt ->> 'error'
+     WHERE conversation_id = p_conversation_id AND lease_token = p_lease_token
+       AND tenant_id = p_attempt ->> 'tenant_id';
+    v_held := FOUND;
+    INSERT INTO episodic_compaction_attempts
+    SELECT (jsonb_populate_record(
+                NULL::episodic_compaction_attempts,
+                p_attempt || jsonb_build_object(
+                    'outcome', CASE WHEN v_held THEN p_attempt ->> 'outcome' ELSE 'lease_lost' END,
+                    'finished_at', now(), 'tokens_after', NULL, 'boundary_seq', NULL))).*
+    RETURNING outcome INTO v_outcome;
+    RETURN v_outcome;
+END
+$fn$;
+"""
+
+ERASE_CONVERSATION = """
+CREATE FUNCTION episodic_erase_conversation(
+    p_conversation_id uuid,
+    p_erasure_id uuid,
+    p_reason text,
+    p_scope text DEFAULT NULL::text
+) RETURNS SETOF episodic_erasures
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_head episodic_conversations;
+    v_events bigint;
+    v_attempts bigint;
+    v_removed bigint;
+    v_tombstone episodic_erasures;
+BEGIN
+    PERFORM episodic_set_tenant(p_scope);
+    SELECT * INTO v_head FROM episodic_conversations c
+     WHERE c.conversation_id = p_conversation_id
+       AND (p_scope IS NULL OR c.tenant_id = p_scope)
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT * FROM episodic_erasures e
+                      WHERE e.conversation_id = p_conversation_id
+                        AND (p_scope IS NULL OR e.tenant_id = p_scope)
+                      ORDER BY e.erased_at DESC
+                      LIMIT 1;
+        RETURN;
+    END IF;
+    -- Stable now: every writer of these rows holds the head's lock (or waits for it).
+    SELECT count(*) INTO v_events FROM episodic_events e
+     WHERE e.conversation_id = p_conversation_id;
+    SELECT count(*) INTO v_attempts FROM episodic_compaction_attempts a
+     WHERE a.conversation_id = p_conversation_id;
+    INSERT INTO episodic_erasures (erasure_id, tenant_id, conversation_id,
+                                   conversation_created_at, reason, conversations, events,
+                                   compaction_attempts, shared_states, erased_at, erased_by,
+                                   erased_xid)
+    VALUES (p_erasure_id, v_head.tenant_id, p_conversation_id, v_head.created_at, p_reason, 1,
+            v_events, v_attempts, 0, now(), current_user, pg_current_xact_id()::text::bigint)
+    RETURNING * INTO v_tombstone;
+    DELETE FROM episodic_events e WHERE e.conversation_id = p_conversation_id;
+    GET DIAGNOSTICS v_removed = ROW_COUNT;
+    DELETE FROM episodic_compaction_attempts a WHERE a.conversation_id = p_conversation_id;
+    DELETE FROM episodic_conversations c WHERE c.conversation_id = p_conversation_id;
+    IF v_removed <> v_events THEN
+        -- the tombstone would misstate what went: take it all back
+        RAISE EXCEPTION 'erasing conversation %: counted % events, removed %',
+            p_conversation_id, v_events, v_removed;
+    END IF;
+    RETURN NEXT v_tombstone;
+END
+$fn$;
+"""
+
+ERASE_TENANT = """
+CREATE FUNCTION episodic_erase_tenant(
+    p_tenant_id text,
+    p_erasure_id uuid,
+    p_reason text,
+    p_conversations bigint,
+    p_events bigint,
+    p_attempts bigint
+) RETURNS SETOF episodic_erasures
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_states bigint;
+    v_tombstone episodic_erasures;
+BEGIN
+    PERFORM episodic_set_tenant(p_tenant_id);
+    IF EXISTS (SELECT FROM episodic_conversations c WHERE c.tenant_id = p_tenant_id) THEN
+        RAISE EXCEPTION 'tenant % still has conversations', p_tenant_id
+            USING ERRCODE = 'EP409';
+    END IF;
+    SELECT count(*) INTO v_states FROM episodic_shared_state s WHERE s.tenant_id = p_tenant_id;
+    IF p_conversations = 0 AND v_states = 0 THEN
+        SELECT * INTO v_tombstone FROM episodic_erasures e
+         WHERE e.tenant_id = p_tenant_id AND e.conversation_id IS NULL
+         ORDER BY e.erased_at DESC
+         LIMIT 1;
+        IF FOUND THEN
+            RETURN NEXT v_tombstone;
+            RETURN;
+        END IF;
+    END IF;
+    DELETE FROM episodic_shared_state s WHERE s.tenant_id = p_tenant_id;
+    INSERT INTO episodic_erasures (erasure_id, tenant_id, conversation_id,
+                                   conversation_created_at, reason, conversations, events,
+                                   compaction_attempts, shared_states, erased_at, erased_by,
+                                   erased_xid)
+    VALUES (p_erasure_id, p_tenant_id, NULL, NULL, p_reason, p_conversations, p_events,
+            p_attempts, v_states, now(), current_user, pg_current_xact_id()::text::bigint)
+    RETURNING * INTO v_tombstone;
+    RETURN NEXT v_tombstone;
+END
+$fn$;
+"""
+
+
+def _replacing(definition: str) -> str:
+    return definition.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+
+
+def _sqlite_condition(table: str) -> str:
+    """When SQLite lets a row of ``table`` go: a tombstone of its conversation, made for the
+    conversation as it is (created at the same instant), so an erased id re-created later is
+    not covered by the old tombstone."""
+    if table == "episodic_conversations":
+        return (
+            "EXISTS (SELECT 1 FROM episodic_erasures e WHERE e.conversation_id = "
+            "OLD.conversation_id AND e.conversation_created_at = OLD.created_at)"
+        )
+    return (
+        "EXISTS (SELECT 1 FROM episodic_erasures e JOIN episodic_conversations c "
+        "ON c.conversation_id = e.conversation_id AND c.created_at = e.conversation_created_at "
+        "WHERE e.conversation_id = OLD.conversation_id)"
+    )
+
+
+def _create_ledger() -> None:
+    op.create_table(
+        LEDGER,
+        sa.Column("erasure_id", sa.Uuid(), nullable=False),
+        sa.Column("tenant_id", sa.Text(), nullable=False),
+        sa.Column("conversation_id", sa.Uuid(), nullable=True),
+        sa.Column("conversation_created_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("reason", sa.Text(), nullable=False),
+        sa.Column("conversations", sa.BigInteger(), nullable=False),
+        sa.Column("events", sa.BigInteger(), nullable=False),
+        sa.Column("compaction_attempts", sa.BigInteger(), nullable=False),
+        sa.Column("shared_states", sa.BigInteger(), nullable=False),
+        sa.Column("erased_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("erased_by", sa.Text(), nullable=False),
+        sa.Column("erased_xid", sa.BigInteger(), nullable=True),
+        sa.PrimaryKeyConstraint("erasure_id", name="pk_episodic_erasures"),
+    )
+    op.create_index("ix_episodic_erasures_conversation_id", LEDGER, ["conversation_id"])
+    op.create_index("ix_episodic_erasures_tenant_id_erased_at", LEDGER, ["tenant_id", "erased_at"])
+
+
+def upgrade() -> None:
+    postgres = op.get_bind().dialect.name == "postgresql"
+    if postgres:
+        op.execute(ROLE)
+    _create_ledger()
+    if not postgres:
+        for table, trigger, refusal in SQLITE_DELETE_TRIGGERS:
+            op.execute(f"DROP TRIGGER {trigger}")
+            op.execute(
+                f"CREATE TRIGGER {trigger} BEFORE DELETE ON {table} "
+                f"WHEN NOT {_sqlite_condition(table)} "
+                f"BEGIN SELECT RAISE(ABORT, '{refusal}'); END"
+            )
+        for operation in ("UPDATE", "DELETE"):
+            op.execute(
+                f"CREATE TRIGGER {LEDGER}_no_{operation.lower()} BEFORE {operation} ON {LEDGER} "
+                f"BEGIN SELECT RAISE(ABORT, '{LEDGER} is append-only: {operation} is not "
+                "allowed'); END"
+            )
+        return
+    for definition in (ERASING, REFUSE_UNRECORDED_DELETE):
+        op.execute(definition)
+    op.execute(_replacing(REFUSE_HEAD_REMOVAL))
+    for table in ("episodic_events", "episodic_compaction_attempts"):
+        op.execute(f"DROP TRIGGER {table}_append_only ON {table}")
+        op.execute(
+            f"CREATE TRIGGER {table}_append_only BEFORE UPDATE ON {table} "
+            "FOR EACH ROW EXECUTE FUNCTION episodic_refuse_change()"
+        )
+        op.execute(
+            f"CREATE TRIGGER {table}_erasure_only BEFORE DELETE ON {table} "
+            "FOR EACH ROW EXECUTE FUNCTION episodic_refuse_unrecorded_delete()"
+        )
+    op.execute(
+        f"CREATE TRIGGER {LEDGER}_append_only BEFORE DELETE OR UPDATE ON {LEDGER} "
+        "FOR EACH ROW EXECUTE FUNCTION episodic_refuse_change()"
+    )
+    op.execute(
+        f"CREATE TRIGGER {LEDGER}_no_truncate BEFORE TRUNCATE ON {LEDGER} "
+        "FOR EACH STATEMENT EXECUTE FUNCTION episodic_refuse_change()"
+    )
+    op.execute(f"ALTER TABLE {LEDGER} ENABLE ROW LEVEL SECURITY")
+    op.execute(f"ALTER TABLE {LEDGER} FORCE ROW LEVEL SECURITY")
+    op.execute(
+        f"CREATE POLICY episodic_tenant_rows ON {LEDGER} "
+        f"USING (tenant_id = {TENANT}) WITH CHECK (tenant_id = {TENANT})"
+    )
+    op.execute(
+        f"CREATE POLICY episodic_all_tenants_rows ON {LEDGER} "
+        "TO episodic_all_tenants USING (true) WITH CHECK (true)"
+    )
+    for table in (*ERASABLE, LEDGER):
+        op.execute(
+            f"CREATE POLICY episodic_eraser_rows ON {table} "
+            "TO episodic_eraser USING (true) WITH CHECK (true)"
+        )
+    op.execute("GRANT SELECT ON episodic_alembic_version TO episodic_eraser")
+    op.execute(f"GRANT SELECT ON {LEDGER} TO {READERS}")
+    op.execute(f"GRANT INSERT ON {LEDGER} TO episodic_eraser")
+    op.execute(f"GRANT SELECT, DELETE ON {', '.join(ERASABLE)} TO episodic_eraser")
+    op.execute("GRANT UPDATE (deleted_at) ON episodic_conversations TO episodic_eraser")
+    op.execute(f"DROP FUNCTION {EARLIER_CREATE_SIGNATURE}")
+    for definition in (CREATE_CONVERSATION, ERASE_CONVERSATION, ERASE_TENANT):
+        op.execute(definition)
+    op.execute(_replacing(END_ATTEMPT))
+
+
+def downgrade() -> None:
+    postgres = op.get_bind().dialect.name == "postgresql"
+    if not postgres:
+        for operation in ("update", "delete"):
+            op.execute(f"DROP TRIGGER {LEDGER}_no_{operation}")
+        for table, trigger, refusal in SQLITE_DELETE_TRIGGERS:
+            op.execute(f"DROP TRIGGER {trigger}")
+            op.execute(
+                f"CREATE TRIGGER {trigger} BEFORE DELETE ON {table} "
+                f"BEGIN SELECT RAISE(ABORT, '{refusal}'); END"
+            )
+        op.drop_table(LEDGER)
+        return
+    for signature in NEW_FUNCTIONS[:3]:
+        op.execute(f"DROP FUNCTION {signature}")
+    op.execute(_load_revision("0011_state_listings_deletion.py").CREATE_CONVERSATION)
+    op.execute(_replacing(_load_revision("0006_named_parameters.py").END_ATTEMPT))
+    for table in ("episodic_events", "episodic_compaction_attempts"):
+        op.execute(f"DROP TRIGGER {table}_erasure_only ON {table}")
+        op.execute(f"DROP TRIGGER {table}_append_only ON {table}")
+        op.execute(
+            f"CREATE TRIGGER {table}_append_only BEFORE DELETE OR UPDATE ON {table} "
+            "FOR EACH ROW EXECUTE FUNCTION episodic_refuse_change()"
+        )
+    op.execute(_replacing(_load_revision("0005_protected_heads.py").REFUSE_HEAD_REMOVAL))
+    for table in ERASABLE:
+        op.execute(f"DROP POLICY episodic_eraser_rows ON {table}")
+        op.execute(f"REVOKE ALL ON {table} FROM episodic_eraser")
+    op.execute("REVOKE ALL ON episodic_alembic_version FROM episodic_eraser")
+    op.drop_table(LEDGER)
+    for signature in NEW_FUNCTIONS[3:]:
+        op.execute(f"DROP FUNCTION {signature}")
