@@ -83,6 +83,7 @@ from episodic.models import (
 )
 from episodic.store import DEFAULT_TENANT, EpisodicStore
 from episodic.store.boundaries import BoundaryRequest
+from episodic.store.erasure import Erasure
 from episodic.store.state import StateSnapshot
 from episodic.view import in_view
 
@@ -211,6 +212,8 @@ class EpisodicSessionService(BaseSessionService):
                     user_id=user_id,
                     state=change,
                     touched_at=now,
+                    # a session id given again after an erasure is a new session, asked for
+                    reuse_erased_id=True,
                 )
                 break
             except ConflictError:
@@ -370,6 +373,24 @@ class EpisodicSessionService(BaseSessionService):
             await self.store.delete_conversation(cid)
         except NotFoundError:
             return  # as ADK's services: deleting what is not there is not an error
+
+    async def erase_session(
+        self, *, app_name: str, user_id: str, session_id: str, reason: str
+    ) -> list[Erasure]:
+        """Erase the session completely, every generation of its id (a deleted one too):
+        episodic's audited erasure (:meth:`EpisodicStore.erase_conversation`), not ADK's
+        deletion, which keeps the log. Returns a tombstone per generation; the store must
+        be connected as a member of ``episodic_eraser`` on PostgreSQL. Creating the id again
+        afterwards starts a new, empty session."""
+        sid = session_id.strip() if session_id else session_id
+        erased: list[Erasure] = []
+        for generation in range(MAX_GENERATIONS):
+            cid = self._conversation(app_name, user_id, sid, generation)
+            try:
+                erased.append(await self.store.erase_conversation(cid, reason=reason))
+            except NotFoundError:
+                break  # generations are made in order: the first never seen ends them
+        return erased
 
     @override
     async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:

@@ -45,7 +45,13 @@ from agents.memory.session_settings import (
 from agents.run_context import RunContextWrapper
 
 from episodic.context import boundary_messages
-from episodic.errors import ConflictError, NotFoundError, UnsafeCutError, ValidationError
+from episodic.errors import (
+    ConflictError,
+    ErasedConversationError,
+    NotFoundError,
+    UnsafeCutError,
+    ValidationError,
+)
 from episodic.models import Message, MessageEvent, Usage
 from episodic.store import DEFAULT_TENANT, EpisodicStore
 from episodic.store.boundaries import BoundaryRequest
@@ -251,10 +257,14 @@ class EpisodicSession(SessionABC):
         )
 
     async def _create(self) -> None:
-        with suppress(ConflictError):  # created meanwhile by a concurrent first write
+        try:
             await self.store.create_conversation(
                 conversation_id=self.conversation_id, metadata={"session_id": self.session_id}
             )
+        except ErasedConversationError:
+            raise  # an erased session stays erased unless its id is reused on purpose
+        except ConflictError:
+            pass  # created meanwhile by a concurrent first write
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from episodic import EpisodicStore, ValidationError
+from episodic import EpisodicStore, NotFoundError, ValidationError
 from tests.conftest import isolated_settings
 from tests.support import require_extra
 
@@ -643,3 +643,28 @@ async def test_function_calls_pair_and_an_orphan_response_is_refused(
     assert got is not None
     assert len(got.events) == 2
     assert got.events == session.events
+
+
+@ours
+async def test_erase_session_removes_every_generation_and_the_id_starts_over(
+    service: EpisodicSessionService,
+) -> None:
+    first = await service.create_session(app_name="app", user_id="u", session_id="s")
+    await service.append_event(first, _event(text="a secret"))
+    await service.delete_session(app_name="app", user_id="u", session_id="s")
+    second = await service.create_session(app_name="app", user_id="u", session_id="s")
+    await service.append_event(second, _event(text="another secret"))
+    erased = await service.erase_session(
+        app_name="app", user_id="u", session_id="s", reason="user asked"
+    )
+    assert [e.events for e in erased] == [2, 1]  # message, deletion; message
+    store = service.store
+    for generation in (0, 1):
+        with pytest.raises(NotFoundError):
+            await store.read_events(session_conversation_id("app", "u", "s", "default", generation))
+    assert await service.get_session(app_name="app", user_id="u", session_id="s") is None
+    fresh = await service.create_session(app_name="app", user_id="u", session_id="s")
+    assert fresh.events == []
+    found = await service.get_session(app_name="app", user_id="u", session_id="s")
+    assert found is not None
+    assert found.events == []

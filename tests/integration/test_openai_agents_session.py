@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from episodic import BoundaryEvent, BoundaryRequest, EpisodicStore, RetractionEvent
-from episodic.errors import OrphanToolResultError
+from episodic.errors import ErasedConversationError, OrphanToolResultError
 from episodic.policy import EpisodicCompactionConfig
 from episodic.summarizers.extractive import ExtractiveSummarizer
 from episodic.worker.runner import CompactionWorker
@@ -290,3 +290,16 @@ async def test_settings_are_taken_as_the_sdks_own_sessions_take_them(store: Epis
     assert EpisodicSession("s", store, session_settings={"limit": 2}).session_settings.limit == 2
     with pytest.raises(TypeError, match="limitt"):
         EpisodicSession("s", store, session_settings={"limitt": 1})
+
+
+async def test_an_erased_session_is_not_recreated_by_its_next_write(
+    session: EpisodicSession, store: EpisodicStore
+) -> None:
+    await session.add_items(copy.deepcopy(ITEMS[:2]))
+    await store.erase_conversation(session.conversation_id, reason="user asked")
+    assert await session.get_items() == []
+    with pytest.raises(ErasedConversationError):
+        await session.add_items(copy.deepcopy(ITEMS[:2]))
+    await store.create_conversation(conversation_id=session.conversation_id, reuse_erased_id=True)
+    await session.add_items(copy.deepcopy(ITEMS[:2]))
+    assert await session.get_items() == ITEMS[:2]
