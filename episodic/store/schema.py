@@ -199,8 +199,8 @@ shared_state = Table(
 erasures = Table(
     "episodic_erasures",
     metadata,
+    Column("tenant_id", Text(), primary_key=True),
     Column("erasure_id", Uuid(), primary_key=True),
-    Column("tenant_id", Text(), nullable=False),
     # NULL for a tenant's tombstone (its shared state, and its totals)
     Column("conversation_id", Uuid(), nullable=True),
     Column("conversation_created_at", Timestamp, nullable=True),

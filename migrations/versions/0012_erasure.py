@@ -366,7 +366,7 @@ def _create_ledger() -> None:
         sa.Column("erased_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("erased_by", sa.Text(), nullable=False),
         sa.Column("erased_xid", sa.BigInteger(), nullable=True),
-        sa.PrimaryKeyConstraint("erasure_id", name="pk_episodic_erasures"),
+        sa.PrimaryKeyConstraint("tenant_id", "erasure_id", name="pk_episodic_erasures"),
     )
     op.create_index("ix_episodic_erasures_conversation_id", LEDGER, ["conversation_id"])
     op.create_index("ix_episodic_erasures_tenant_id_erased_at", LEDGER, ["tenant_id", "erased_at"])

@@ -51,6 +51,7 @@ TENANT_TABLES = (
     "episodic_events",
     "episodic_compaction_attempts",
     "episodic_shared_state",
+    "episodic_erasures",
 )
 APPEND_ONLY = ("episodic_events", "episodic_compaction_attempts")
 RUNTIME_GROUPS = ("episodic_app", "episodic_worker")

@@ -205,7 +205,7 @@ CREATE TABLE episodic_erasures (
     erased_at timestamp with time zone NOT NULL,
     erased_by text NOT NULL,
     erased_xid bigint,
-    CONSTRAINT pk_episodic_erasures PRIMARY KEY (erasure_id)
+    CONSTRAINT pk_episodic_erasures PRIMARY KEY (tenant_id, erasure_id)
 );
 
 -- A conversation's tombstones (an erased id is not re-created by accident), a tenant's.
