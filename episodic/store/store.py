@@ -280,9 +280,10 @@ class EpisodicStore:
         ``app_name`` and ``user_id`` (both or neither) list it for :meth:`list_by_user`;
         ``state`` is its initial state (the log's first event, applied to the shared scopes
         it names in the same transaction); ``touched_at`` is the caller's time of creation
-        (:attr:`Conversation.touched_at`). An id that was erased is refused with
+        (:attr:`Conversation.touched_at`). An id erased in this tenant is refused with
         :class:`ErasedConversationError` unless ``reuse_erased_id``: then a new, empty
-        conversation starts under it."""
+        conversation starts under it. (Tombstones are the tenant's, like the rows they
+        replace: another tenant does not see them.)"""
         await self._ready()
         tenant_id = self._tenant_for(tenant_id, "create a conversation for")
         if metadata is not None and not isinstance(metadata, Mapping):

@@ -2,8 +2,9 @@
 
 Superusers bypass row-level security even with FORCE, so the tenant tests need what a
 production deployment has: tables owned by an ordinary role, and applications that log in as
-members of ``episodic_app`` or ``episodic_worker``. Roles belong to the cluster; they are
-created once (IF NOT EXISTS) and shared by every run.
+members of ``episodic_app``, ``episodic_worker``, ``episodic_all_tenants`` or
+``episodic_eraser``. Roles belong to the cluster; they are created once (IF NOT EXISTS) and
+shared by every run.
 """
 
 from __future__ import annotations
@@ -23,7 +24,15 @@ from tests.support import asyncpg_dsn
 OWNER = "episodic_test_owner"
 APP = "episodic_test_app"
 WORKER = "episodic_test_worker"
-LOGINS = {OWNER: None, APP: "episodic_app", WORKER: "episodic_worker"}
+ALL_TENANTS = "episodic_test_all_tenants"
+ERASER = "episodic_test_eraser"
+LOGINS = {
+    OWNER: None,
+    APP: "episodic_app",
+    WORKER: "episodic_worker",
+    ALL_TENANTS: "episodic_all_tenants",
+    ERASER: "episodic_eraser",
+}
 #: Ignored under trust authentication (this machine); needed where the server asks for one
 #: (a testcontainers PostgreSQL).
 PASSWORD = "episodic-test"
