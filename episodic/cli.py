@@ -3,31 +3,47 @@
 Every failure a person can fix (a bad option or setting, an unreachable database, an
 unmigrated schema, an unknown conversation) is one line on stderr and a non-zero exit; the
 traceback is only shown with ``--debug``. Everything printed that came from the log goes
-through :mod:`episodic.display`, so stored text cannot drive the terminal.
+through :mod:`episodic.display`, so stored text cannot drive the terminal (``episodic
+export`` writes the log's lines as they are, so it refuses to write them to a terminal).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import stat
 import sys
+import tempfile
 import traceback
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from datetime import datetime
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, BinaryIO, TypeVar
+from uuid import UUID
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
 from episodic import __version__
 from episodic.display import describe_event, describe_message, event_kind, short_id, shown
-from episodic.errors import EpisodicError
+from episodic.errors import (
+    ConflictError,
+    EpisodicError,
+    ErasedConversationError,
+    ImportFormatError,
+    NotFoundError,
+)
 from episodic.settings import EpisodicSettings, load_settings
 from episodic.store import EpisodicStore
+from episodic.store.checks import parse_conversation_id
+from episodic.store.erasure import Erasure, check_reason
+from episodic.store.transfer import ImportSummary
 
 app = typer.Typer(
     name="episodic",
@@ -397,6 +413,225 @@ def compact(
 
 
 @app.command()
+def erase(
+    ctx: typer.Context,
+    reason: Annotated[
+        str,
+        typer.Option(
+            "--reason",
+            help="Why it is erased, kept in the tombstone (a ticket, a request number); "
+            "1 to 2,000 characters.",
+        ),
+    ],
+    conversation_id: Annotated[
+        str | None,
+        typer.Argument(help="The conversation's UUID (or --tenant).", show_default=False),
+    ] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(
+            "--tenant", help="Erase every conversation of this tenant, and its shared state."
+        ),
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    database_url: DatabaseUrlOption = None,
+) -> None:
+    """Erase a conversation, or with --tenant a whole tenant, completely: every event,
+    compaction attempt and head, leaving only a tombstone (counts, reason, when, by which
+    role; no content). It cannot be undone: asks first, unless --yes. On PostgreSQL it needs
+    a role in episodic_eraser (or the tables' owner)."""
+    _one_of(ctx, conversation_id, tenant)
+    settings = _settings(database_url=database_url)
+    why = check_reason(reason)
+    cid = parse_conversation_id(conversation_id) if conversation_id is not None else None
+    if cid is not None and not yes:
+        _confirm(f"Erase conversation {cid} completely? Its log cannot be recovered")
+
+    async def work(store: EpisodicStore) -> Erasure:
+        if tenant is None:
+            assert cid is not None
+            return await store.erase_conversation(cid, reason=why)
+        scoped = store.for_tenant(tenant)
+        if not yes:
+            count = await scoped.count_conversations(tenant)
+            _confirm(
+                f"Erase tenant {shown(tenant)} completely, its {_many(count, 'conversation')} "
+                "and its shared state? They cannot be recovered"
+            )
+        return await scoped.erase_tenant(tenant, reason=why)
+
+    _print_erasure(_run(work, settings))
+
+
+@app.command()
+def export(
+    ctx: typer.Context,
+    conversation_id: Annotated[
+        str | None,
+        typer.Argument(help="The conversation's UUID (or --tenant).", show_default=False),
+    ] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(
+            "--tenant",
+            help="Export every conversation of this tenant (deleted ones too), then its "
+            "shared state.",
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            dir_okay=False,
+            help="Write to this file, replaced only once the export is whole \\[default: stdout]",
+        ),
+    ] = None,
+    database_url: DatabaseUrlOption = None,
+) -> None:
+    """Write a conversation's whole log, or with --tenant a tenant's, as JSON lines that
+    episodic import recreates anywhere (either backend): every event with its seq, timestamps
+    and idempotency keys, the compaction attempts, a checksum. Export the import again and the
+    bytes are the same."""
+    _one_of(ctx, conversation_id, tenant)
+    settings = _settings(database_url=database_url)
+    if output is None and sys.stdout.isatty():
+        raise _refused(
+            "the export is JSON lines for a file or a program, not a terminal (the stored "
+            "text in it could drive one): give -o FILE, or redirect or pipe it",
+            2,
+        )
+
+    async def work(store: EpisodicStore) -> tuple[int, int]:
+        if tenant is None:
+            assert conversation_id is not None
+            lines = await _write_lines(store.export_conversation(conversation_id), output)
+            return 1, lines
+        scoped = store.for_tenant(tenant)
+        done = 0
+        if output is None:
+
+            def count(conversations: int) -> None:
+                nonlocal done
+                done = conversations
+
+            lines = await _write_lines(scoped.export_tenant(tenant, progress=count), None)
+            return done, lines
+        total = await scoped.count_conversations(tenant)
+        with Progress(
+            TextColumn("exporting"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("conversations"),
+            TimeRemainingColumn(),
+            console=errors,
+            transient=True,
+            disable=not errors.is_terminal,
+        ) as bar:
+            task = bar.add_task("export", total=total)
+
+            def advance(conversations: int) -> None:
+                nonlocal done
+                done = conversations
+                bar.update(task, completed=conversations)
+
+            lines = await _write_lines(scoped.export_tenant(tenant, progress=advance), output)
+        return done, lines
+
+    conversations, lines = _run(work, settings)
+    if output is not None:
+        what = (
+            f"conversation {conversation_id}"
+            if tenant is None
+            else f"{_many(conversations, 'conversation')} of tenant {shown(tenant, 40)}"
+        )
+        errors.print(Text(f"exported {what} to {shown(str(output))} ({_many(lines, 'line')})"))
+
+
+@app.command(name="import")
+def import_(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            exists=True,
+            dir_okay=False,
+            readable=True,
+            help="A file episodic export wrote.",
+            show_default=False,
+        ),
+    ],
+    tenant: Annotated[
+        str | None,
+        typer.Option(
+            "--tenant", help="Import into this tenant \\[default: each conversation's own]"
+        ),
+    ] = None,
+    reuse_erased_ids: Annotated[
+        bool,
+        typer.Option(
+            "--reuse-erased-ids",
+            help="Import a conversation whose id was erased in this database under that id "
+            "(refused otherwise).",
+        ),
+    ] = False,
+    database_url: DatabaseUrlOption = None,
+) -> None:
+    """Recreate the conversations of an export file, and its shared state. The whole file is
+    checked first (nothing is written if a line is wrong); then each conversation is imported
+    all or nothing, in file order. An id that exists here is refused."""
+    settings = _settings(database_url=database_url)
+
+    async def work(store: EpisodicStore) -> ImportSummary:
+        target = _scoped(store, tenant)
+        with file.open("rb") as handle:
+            try:
+                checked = await target.import_conversations(
+                    _text_lines(handle),
+                    tenant_id=tenant,
+                    reuse_erased_ids=reuse_erased_ids,
+                    check_only=True,
+                )
+            except ImportFormatError as exc:
+                raise typer.Exit(_fail(f"{exc}; nothing was imported", exc, 1)) from None
+        ids = [entry.conversation_id for entry in checked.conversations]
+        first: dict[UUID, int] = {}
+        for index, cid in enumerate(ids, 1):
+            if cid in first:
+                raise _refused(
+                    f"conversation {cid} is in the file twice (conversations {first[cid]} "
+                    f"and {index}); nothing was imported"
+                )
+            first[cid] = index
+        with file.open("rb") as handle:
+            try:
+                return await target.import_conversations(
+                    _text_lines(handle), tenant_id=tenant, reuse_erased_ids=reuse_erased_ids
+                )
+            except EpisodicError as exc:
+                before = await _imported_before(target, ids, exc)
+                raise typer.Exit(_fail(_import_failure(exc, before, len(ids)), exc, 1)) from None
+
+    summary = _run(work, settings)
+    imported = summary.conversations
+    if len(imported) == 1:
+        one = imported[0]
+        what = (
+            f"conversation {one.conversation_id} (tenant {shown(one.tenant_id, 40)}, "
+            f"{_many(one.events, 'event')}, {_many(one.compaction_attempts, 'compaction attempt')})"
+        )
+    else:
+        events = sum(entry.events for entry in imported)
+        attempts = sum(entry.compaction_attempts for entry in imported)
+        what = (
+            f"{_many(len(imported), 'conversation')} ({_many(events, 'event')}, "
+            f"{_many(attempts, 'compaction attempt')})"
+        )
+    if summary.shared_states:
+        what += f" and {_many(summary.shared_states, 'shared-state scope')}"
+    console.print(Text(f"imported {what} from {shown(str(file))}"))
+
+
+@app.command()
 def demo(
     directory: Annotated[
         Path | None,
@@ -448,6 +683,168 @@ async def _print_context(
             Text(shown(describe_message(message), width)),
         )
     console.print(table)
+
+
+def _one_of(ctx: typer.Context, conversation_id: str | None, tenant: str | None) -> None:
+    """Refuse a command line that names both a conversation and --tenant, or neither."""
+    if (conversation_id is None) == (tenant is None):
+        raise typer.BadParameter(
+            "give a conversation id or --tenant, not both"
+            if tenant is not None
+            else "give a conversation id, or --tenant",
+            ctx=ctx,
+            param_hint="'conversation_id' / '--tenant'",
+        )
+
+
+def _confirm(question: str) -> None:
+    """Ask on stderr, read the answer from stdin; anything but y or yes ends the command.
+    (Not typer.confirm: it writes the prompt's last character to stdout, into the output.)"""
+    errors.print(Text(f"{question} [y/N]: "), end="")
+    answer = sys.stdin.readline()
+    if not sys.stdin.isatty():
+        errors.print()  # no echoed Enter ends the prompt's line
+    if answer.strip().lower() not in ("y", "yes"):
+        raise _refused("not confirmed: nothing was erased")
+
+
+def _print_erasure(erasure: Erasure) -> None:
+    """The tombstone an erasure left, a field a line."""
+    rows = [
+        ("erasure", str(erasure.erasure_id)),
+        ("tenant", shown(erasure.tenant_id)),
+        (
+            "conversation",
+            str(erasure.conversation_id)
+            if erasure.conversation_id is not None
+            else "tenant (all its conversations, and its shared state)",
+        ),
+        ("conversations", f"{erasure.conversations:,}"),
+        ("events", f"{erasure.events:,}"),
+        ("compaction attempts", f"{erasure.compaction_attempts:,}"),
+        ("shared states", f"{erasure.shared_states:,}"),
+        ("erased at", erasure.erased_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")),
+        ("by", shown(erasure.erased_by)),
+        ("reason", shown(erasure.reason)),
+    ]
+    for name, value in rows:
+        console.print(Text(f"{name + ':':<21}{value}"))
+
+
+async def _write_lines(lines: AsyncIterator[str], output: Path | None) -> int:
+    """Write an export's lines as UTF-8, to stdout or to ``output`` through a temporary file
+    beside it, renamed over it once whole (a failed export leaves ``output`` as it was).
+    Returns how many lines."""
+    written = 0
+    if output is None:
+        stdout = typer.get_binary_stream("stdout")
+        async for line in lines:
+            stdout.write(line.encode())
+            written += 1
+        stdout.flush()
+        return written
+    try:
+        handle, partial = tempfile.mkstemp(
+            dir=output.parent, prefix=f".{output.name}.", suffix=".partial"
+        )
+    except OSError as exc:
+        raise typer.Exit(_fail(f"cannot write {output}: {exc.strerror or exc}", exc, 1)) from None
+    try:
+        # the mode a plain open would give (mkstemp's is 0600), or the replaced file's
+        os.chmod(partial, _mode_for(output))
+        with os.fdopen(handle, "wb") as file:
+            async for line in lines:
+                file.write(line.encode())
+                written += 1
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(partial, output)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        if isinstance(exc, OSError):
+            raise typer.Exit(
+                _fail(f"cannot write {output}: {exc.strerror or exc}", exc, 1)
+            ) from None
+        raise
+    return written
+
+
+def _mode_for(path: Path) -> int:
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
+
+
+def _text_lines(handle: BinaryIO) -> Iterator[str]:
+    """A file's lines as text, read one at a time (split at newlines only)."""
+    for number, raw in enumerate(handle, 1):
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ImportFormatError(
+                f"not UTF-8 text (byte {exc.start + 1} of the line); the file is not an "
+                "episodic export, or it was damaged",
+                line=number,
+            ) from None
+
+
+async def _imported_before(
+    store: EpisodicStore, ids: list[UUID], failure: EpisodicError
+) -> int | None:
+    """How many of the file's conversations (``ids``, in file order) an import that failed
+    with ``failure`` had imported; None when that cannot be told. The import goes in order
+    and stops at the first failure, so it is the position of the one that failed: the one
+    whose id was taken, else the first the database does not hold."""
+    if isinstance(failure, ConflictError) and failure.conversation_id in ids:
+        return ids.index(failure.conversation_id)
+    for index, cid in enumerate(ids):
+        try:
+            await store.read_events(cid, limit=1)
+        except NotFoundError:
+            return index
+        except EpisodicError:
+            return None
+    return len(ids)
+
+
+def _import_failure(failure: EpisodicError, before: int | None, total: int) -> str:
+    """The one line for an import that failed part way: what failed, and what was imported."""
+    if isinstance(failure, ErasedConversationError):
+        problem = (
+            f"conversation {failure.conversation_id} was erased in this database, and an "
+            "erased id is not re-created unless you say so (--reuse-erased-ids)"
+        )
+    else:
+        problem = str(failure)
+    if isinstance(failure, ImportFormatError):
+        problem += " (the file changed after it was checked)"
+    if before is None:
+        return (
+            f"{problem}; nothing was written for that conversation; the ones before it in "
+            "the file may have been imported (episodic list shows them)"
+        )
+    if before == total:
+        return f"{problem}; all {_many(total, 'conversation')} of the file were imported first"
+    if before == 0:
+        done = "no conversation before it was imported"
+    else:
+        done = f"the {_many(before, 'conversation')} before it {_was(before)} imported"
+    return (
+        f"{problem}; nothing was written for it (conversation {before + 1} of {total} in "
+        f"the file); {done}"
+    )
+
+
+def _many(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def _was(count: int) -> str:
+    return "was" if count == 1 else "were"
 
 
 def _state_of(
@@ -502,6 +899,12 @@ def _fail(message: str, exc: BaseException, code: int) -> int:
     if _debug:
         errors.print(Text("".join(traceback.format_exception(exc))))
     return code
+
+
+def _refused(message: str, code: int = 1) -> typer.Exit:
+    """A refusal that is no exception: its one line, and the exit to raise."""
+    errors.print(Text(f"error: {shown(message)}"))
+    return typer.Exit(code)
 
 
 def main() -> None:
