@@ -591,17 +591,10 @@ def import_(
                     reuse_erased_ids=reuse_erased_ids,
                     check_only=True,
                 )
-            except ImportFormatError as exc:
+            except (ImportFormatError, ConflictError) as exc:
+                # a bad line, an id twice in the file or one that exists here already
                 raise typer.Exit(_fail(f"{exc}; nothing was imported", exc, 1)) from None
         ids = [entry.conversation_id for entry in checked.conversations]
-        first: dict[UUID, int] = {}
-        for index, cid in enumerate(ids, 1):
-            if cid in first:
-                raise _refused(
-                    f"conversation {cid} is in the file twice (conversations {first[cid]} "
-                    f"and {index}); nothing was imported"
-                )
-            first[cid] = index
         with file.open("rb") as handle:
             try:
                 return await target.import_conversations(

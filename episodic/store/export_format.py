@@ -17,17 +17,20 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
 import orjson
 
-from episodic.errors import ImportFormatError
+from episodic.errors import ImportFormatError, ValidationError
 from episodic.models import Conversation
 from episodic.store.attempts import AttemptRecord
+from episodic.store.checks import MAX_SEQ, check_tenant, check_text
 from episodic.store.codec import utc
+from episodic.store.due import check_overrides
 from episodic.store.projection import COUNTER_FIELDS, HeadCounters
+from episodic.store.state import check_touched_at
 
 FORMAT = "episodic-export"
 #: The version this episodic writes and the only one it reads.
@@ -36,6 +39,10 @@ VERSION = 1
 EVENT_KINDS = frozenset(
     {"message", "boundary", "run_completed", "retraction", "clear", "usage", "state", "deletion"}
 )
+#: The largest value of an integer column (token estimates, batch sizes).
+MAX_INT32 = 2**31 - 1
+#: The longest app name or user id (the store's listing limit).
+MAX_LISTING_LENGTH = 512
 #: The longest line an import reads: a message's limit is 1 MiB by default, a boundary holds a
 #: summary and handoff items, and JSON escaping can double a text.
 MAX_LINE_BYTES = 64 * 1024 * 1024
@@ -122,9 +129,17 @@ class SharedStateRow:
 
 @dataclass(slots=True)
 class Checksum:
-    """The SHA-256 of a block's lines after its header, as written (each with its newline)."""
+    """The SHA-256 of a block: its header's fields but the checksum (canonical JSON, as
+    :func:`header_fields` gives them), then its lines as written, each with its newline. So
+    neither the header nor any line can change unnoticed."""
 
     _hash: Any = field(default_factory=hashlib.sha256)
+
+    @classmethod
+    def of_header(cls, fields: Mapping[str, Any]) -> Checksum:
+        checksum = cls()
+        checksum.add(_dump({k: v for k, v in fields.items() if k != "checksum"}))
+        return checksum
 
     def add(self, line: str) -> None:
         self._hash.update(line.encode())
@@ -145,11 +160,12 @@ def _json_text(text: str | None) -> Any:
     return orjson.loads(text) if text is not None else None
 
 
-def header_line(header: ConversationHeader) -> str:
+def header_fields(header: ConversationHeader) -> dict[str, Any]:
+    """The header line's fields, as JSON values (its ``checksum`` is the one given)."""
     head = header.head
     counters = {name: getattr(head.counters, name) for name in COUNTER_FIELDS}
     counters["open_tool_calls"] = dict(head.counters.open_tool_calls)
-    return _dump(
+    return dict(
         {
             "type": "conversation",
             "format": FORMAT,
@@ -173,6 +189,10 @@ def header_line(header: ConversationHeader) -> str:
             "checksum": header.checksum,
         }
     )
+
+
+def header_line(header: ConversationHeader) -> str:
+    return _dump(header_fields(header))
 
 
 def event_line(row: EventRow) -> str:
@@ -253,10 +273,10 @@ class _Fields:
             raise self.fail(f"{name!r} must be {_kind_name(kinds)}")
         return value
 
-    def count(self, name: str, *, optional: bool = False) -> Any:
+    def count(self, name: str, *, optional: bool = False, high: int = MAX_SEQ) -> Any:
         value = self.get(name, int, optional=optional)
-        if value is not None and value < 0:
-            raise self.fail(f"{name!r} must not be negative")
+        if value is not None and not 0 <= value <= high:
+            raise self.fail(f"{name!r} must be an integer from 0 to {high:,}")
         return value
 
     def instant(self, name: str, *, optional: bool = False) -> datetime | None:
@@ -269,7 +289,7 @@ class _Fields:
             raise self.fail(f"{name!r} is not an ISO 8601 timestamp") from None
         if value.tzinfo is None:
             raise self.fail(f"{name!r} has no UTC offset")
-        return utc(value)
+        return value.astimezone(UTC)
 
     def uuid(self, name: str) -> UUID:
         text = self.get(name, str)
@@ -326,15 +346,33 @@ def read_header(data: dict[str, Any], line: int) -> ConversationHeader:
         open_tool_calls=open_calls,
     )
     touched = f.get("touched_at", (int, float), optional=True)
+    metadata = f.get("metadata", dict)
+    app_name = f.get("app_name", str, optional=True)
+    user_id = f.get("user_id", str, optional=True)
+    try:
+        # what create_conversation would refuse (a checksum is no signature)
+        tenant = f.get("tenant_id", str)
+        check_tenant(tenant)
+        check_overrides(metadata)
+        if (app_name is None) != (user_id is None):
+            raise ValidationError("app_name and user_id are given both or neither")
+        if app_name is not None:
+            check_text(app_name, field="app_name", max_length=MAX_LISTING_LENGTH)
+            check_text(user_id, field="user_id", max_length=MAX_LISTING_LENGTH, min_length=0)
+        touched_at = check_touched_at(touched)
+    except ImportFormatError:
+        raise
+    except ValidationError as exc:
+        raise f.fail(str(exc)) from None
     return ConversationHeader(
         schema_revision=f.get("schema_revision", str),
         conversation_id=f.uuid("conversation_id"),
-        tenant_id=f.get("tenant_id", str),
+        tenant_id=tenant,
         created_at=_required(f.instant("created_at")),
-        metadata=f.get("metadata", dict),
-        app_name=f.get("app_name", str, optional=True),
-        user_id=f.get("user_id", str, optional=True),
-        touched_at=float(touched) if touched is not None else None,
+        metadata=metadata,
+        app_name=app_name,
+        user_id=user_id,
+        touched_at=touched_at,
         head=HeadImage(
             counters=counters,
             state=h.get("state", dict),
@@ -363,7 +401,7 @@ def read_event(data: dict[str, Any], line: int) -> EventRow:
         seq=f.count("seq"),
         kind=kind,
         created_at=_required(f.instant("created_at")),
-        token_estimate=f.count("token_estimate"),
+        token_estimate=f.count("token_estimate", high=MAX_INT32),
         payload=orjson.dumps(payload, option=orjson.OPT_SORT_KEYS).decode(),
         usage=(
             orjson.dumps(usage, option=orjson.OPT_SORT_KEYS).decode() if usage is not None else None
@@ -371,7 +409,7 @@ def read_event(data: dict[str, Any], line: int) -> EventRow:
         client_id=f.get("client_id", str, optional=True),
         idempotency_key=f.get("idempotency_key", str, optional=True),
         request_hash=f.get("request_hash", str, optional=True),
-        batch_size=f.count("batch_size", optional=True),
+        batch_size=f.count("batch_size", optional=True, high=MAX_INT32),
     )
 
 
@@ -417,6 +455,8 @@ def head_difference(expected: HeadImage, rebuilt: HeadImage) -> str | None:
         if want != got:
             return f"{item.name} is {got!r} rebuilt from the log, {want!r} in the header"
     for name in ("state", "boundary_at", "deleted_at"):
+        if name == "boundary_at" and expected.boundary_at is None:
+            continue  # a head compacted before the column existed (revision 0002) has none
         if getattr(expected, name) != getattr(rebuilt, name):
             return (
                 f"{name} is {getattr(rebuilt, name)!r} rebuilt from the log, "
@@ -436,6 +476,7 @@ __all__ = [
     "attempt_line",
     "event_line",
     "head_difference",
+    "header_fields",
     "header_line",
     "parse_line",
     "read_attempt",

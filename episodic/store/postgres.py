@@ -153,7 +153,7 @@ SELECT * FROM episodic_compaction_attempts
 """
 SHARED_STATES = """
 SELECT tenant_id, scope, state, updated_at FROM episodic_shared_state
- WHERE tenant_id = $1 ORDER BY scope
+ WHERE tenant_id = $1 ORDER BY scope COLLATE "C"
 """
 WRITE_SHARED_STATES = """
 INSERT INTO episodic_shared_state AS s (tenant_id, scope, state, updated_at)

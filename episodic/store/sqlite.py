@@ -249,7 +249,7 @@ class SqliteBackend:
             .on_conflict_do_nothing(index_elements=["conversation_id"])
         )
         async with self._write() as conn:
-            if not reuse_erased and await _erased(conn, conversation_id, self.tenant):
+            if not reuse_erased and await _erased(conn, conversation_id, tenant_id):
                 return "erased"
             result = await conn.execute(statement)
             if result.rowcount != 1:
@@ -291,13 +291,14 @@ class SqliteBackend:
                 "erased_xid": None,
             }
             await conn.execute(insert(erasures).values(**tombstone))
-            # The log and the attempts first: their delete triggers find the tombstone
-            # through the head, which goes last.
+            # The delete triggers let a row go when its head is marked with a tombstone's id
+            # (in the lease column; see migration 0012): mark it, then the log and the
+            # attempts, whose triggers find the mark through the head, which goes last.
+            head_row = conversations.c.conversation_id == conversation_id
+            await conn.execute(update(conversations).where(head_row).values(lease_token=erasure_id))
             await conn.execute(delete(events).where(cid))
             await conn.execute(delete(compaction_attempts).where(attempts))
-            await conn.execute(
-                delete(conversations).where(conversations.c.conversation_id == conversation_id)
-            )
+            await conn.execute(delete(conversations).where(head_row))
         return erasure_from_row(tombstone)
 
     async def erase_tenant(
@@ -1028,11 +1029,11 @@ class _SqliteImport:
         )
 
 
-async def _erased(conn: AsyncConnection, conversation_id: UUID, tenant: str | None) -> bool:
-    """Whether the id has a tombstone (the scope's, for a scoped store)."""
-    query = select(erasures.c.erasure_id).where(erasures.c.conversation_id == conversation_id)
-    if tenant is not None:
-        query = query.where(erasures.c.tenant_id == tenant)
+async def _erased(conn: AsyncConnection, conversation_id: UUID, tenant: str) -> bool:
+    """Whether the id has a tombstone in ``tenant`` (tombstones are the tenant's)."""
+    query = select(erasures.c.erasure_id).where(
+        erasures.c.conversation_id == conversation_id, erasures.c.tenant_id == tenant
+    )
     return await conn.scalar(query.limit(1)) is not None
 
 

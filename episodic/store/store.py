@@ -723,14 +723,23 @@ class EpisodicStore:
         await self._ready()
         scope = self._backend.tenant
         tenant = self._tenant_for(tenant_id, "import into") if tenant_id is not None else scope
-        return await import_lines(
-            self._backend,
-            lines,
-            tenant_id=tenant,
-            reuse_erased=reuse_erased is True,
-            check_only=check_only,
-            single=single,
-        )
+        try:
+            return await import_lines(
+                self._backend,
+                lines,
+                tenant_id=tenant,
+                reuse_erased=reuse_erased is True,
+                check_only=check_only,
+                single=single,
+            )
+        except TenantDeniedError as exc:
+            raise TenantDeniedError(
+                f"this database role may not import ({exc}): an import writes heads, events "
+                "and compaction attempts, which episodic_app may not; import as the tables' "
+                "owner or a member of episodic_all_tenants. Nothing was written for the "
+                "conversation it stopped at",
+                tenant_id=exc.tenant_id,
+            ) from exc
 
     # ---- boundaries and the request path ------------------------------------------------
 

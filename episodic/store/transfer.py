@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from episodic.errors import EpisodicError, ImportFormatError, NotFoundError
-from episodic.models import BoundaryEvent, ClearEvent, DeletionEvent, StateEvent
+from episodic.errors import ConflictError, EpisodicError, ImportFormatError, NotFoundError
+from episodic.models import BoundaryEvent, ClearEvent, DeletionEvent, StateEvent, StoredEvent
 from episodic.store.attempts import AttemptRecord
 from episodic.store.backend import Backend, ImportSink
 from episodic.store.codec import decode_event
@@ -30,6 +30,7 @@ from episodic.store.export_format import (
     attempt_line,
     event_line,
     head_difference,
+    header_fields,
     header_line,
     parse_line,
     read_attempt,
@@ -83,19 +84,31 @@ async def export_conversation(
         for record in await backend.read_attempts(conversation_id)
         if record.boundary_seq is None or record.boundary_seq <= last
     ]
-    checksum = Checksum()
+    header = ConversationHeader.of(
+        head, schema_revision=schema_revision, attempts=len(attempts), checksum=""
+    )
+    fields = header_fields(header)
+    checksum = Checksum.of_header(fields)
     async for line in _log_lines(backend, conversation_id, last, attempts):
         checksum.add(line)
-    yield header_line(
-        ConversationHeader.of(
-            head,
-            schema_revision=schema_revision,
-            attempts=len(attempts),
-            checksum=checksum.hexdigest(),
+    digest = checksum.hexdigest()
+    yield header_line(replace(header, checksum=digest))
+    # The rows through the head's last seq never change, unless the conversation is erased
+    # (or erased and created again) between the passes: then the lines written are not the
+    # ones hashed, and the export must fail rather than end in a block that cannot import.
+    again = Checksum.of_header(fields)
+    try:
+        async for line in _log_lines(backend, conversation_id, last, attempts):
+            again.add(line)
+            yield line
+    except NotFoundError:
+        again = Checksum()
+    if again.hexdigest() != digest:
+        raise ConflictError(
+            f"conversation {conversation_id} was erased while it was exported; what was "
+            "written of it is incomplete: export again",
+            conversation_id=conversation_id,
         )
-    )
-    async for line in _log_lines(backend, conversation_id, last, attempts):
-        yield line
 
 
 async def _log_lines(
@@ -215,6 +228,7 @@ async def import_lines(
     file must hold exactly one conversation."""
     reader = _Reader(lines)
     summary = ImportSummary()
+    seen: set[UUID] = set()
     while (item := await reader.next()) is not None:
         _, data = item
         line = reader.number
@@ -227,25 +241,32 @@ async def import_lines(
             continue
         if kind != "conversation":
             raise ImportFormatError(
-                f"a {kind!r} line outside a conversation: lines are missing before it, or "
-                "out of order",
-                line=line,
-            )
-        if single and summary.conversations:
-            raise ImportFormatError(
-                "a second conversation: import_conversation takes one; use "
-                "import_conversations for a file of many",
+                f"a {kind!r} line outside a conversation: lines are missing before it, "
+                "duplicated or out of order, or the header before it counts fewer",
                 line=line,
             )
         header = read_header(data, line)
+        cid = header.conversation_id
+        if cid in seen:
+            raise ImportFormatError(f"conversation {cid} is in the file twice", line=line)
+        seen.add(cid)
         tenant = tenant_id if tenant_id is not None else header.tenant_id
+        if check_only and await backend.for_tenant(tenant).get_conversation(cid) is not None:
+            raise ConflictError(f"conversation {cid} already exists", conversation_id=cid)
         sink: AbstractAsyncContextManager[ImportSink] = (
             _checking()
             if check_only
             else backend.importing(header, tenant, reuse_erased=reuse_erased)
         )
         async with sink as writer:
-            await _import_block(reader, header, line, writer)
+            await _import_block(reader, header, data, line, writer)
+            if single and await reader.next() is not None:
+                # one conversation, all or nothing: what follows is refused before it commits
+                raise ImportFormatError(
+                    "more after the conversation: import_conversation takes a file of one; "
+                    "use import_conversations for a file of many",
+                    line=reader.number,
+                )
         summary.conversations.append(
             ImportedConversation(
                 header.conversation_id, tenant, header.events, header.compaction_attempts
@@ -259,10 +280,14 @@ async def import_lines(
 
 
 async def _import_block(
-    reader: _Reader, header: ConversationHeader, header_line_number: int, sink: ImportSink
+    reader: _Reader,
+    header: ConversationHeader,
+    header_data: dict[str, Any],
+    header_line_number: int,
+    sink: ImportSink,
 ) -> None:
     cid = header.conversation_id
-    checksum = Checksum()
+    checksum = Checksum.of_header(header_data)
     fold = HeadFold()
     state: dict[str, Any] = {}
     boundary_at: datetime | None = None
@@ -301,17 +326,17 @@ async def _import_block(
                 payload=row.payload,
                 usage=row.usage,
             )
+            # decode_event trusts the log it reads; a file is checked as an append would be
+            event = _validated(event)
             fold.add(event)
-        except EpisodicError:
-            raise
+            if isinstance(event, StateEvent):
+                apply_change(state, event.change.conversation)
         except Exception as exc:  # a payload that is not what its kind holds
+            reason = str(exc) if isinstance(exc, EpisodicError) else f"{type(exc).__name__}: {exc}"
             raise ImportFormatError(
-                f"event seq {seq} ({row.kind}) cannot be read: {type(exc).__name__}: {exc}",
-                line=reader.number,
+                f"event seq {seq} ({row.kind}) cannot be read: {reason}", line=reader.number
             ) from None
-        if isinstance(event, StateEvent):
-            apply_change(state, event.change.conversation)
-        elif isinstance(event, BoundaryEvent | ClearEvent):
+        if isinstance(event, BoundaryEvent | ClearEvent):
             boundary_at = event.created_at
         elif isinstance(event, DeletionEvent):
             deleted_at = event.created_at
@@ -333,16 +358,6 @@ async def _import_block(
             attempts = []
     if attempts:
         await sink.add_attempts(attempts)
-    following = await reader.next()
-    if following is not None:
-        reader.hold(following)
-        if following[1]["type"] in ("event", "attempt"):
-            raise ImportFormatError(
-                f"conversation {cid} has more lines than its header counts "
-                f"({header.events} events, {header.compaction_attempts} attempts): lines are "
-                "duplicated, or the header was changed",
-                line=reader.number,
-            )
     if checksum.hexdigest() != header.checksum:
         raise ImportFormatError(
             f"conversation {cid}: its lines' checksum is {checksum.hexdigest()}, its header "
@@ -359,6 +374,11 @@ async def _import_block(
             line=header_line_number,
         )
     await sink.finish(rebuilt, header.touched_at)
+
+
+def _validated(event: StoredEvent) -> StoredEvent:
+    """The event, validated as its model is when an append builds it (raises otherwise)."""
+    return type(event).model_validate(event.model_dump())
 
 
 __all__ = [

@@ -7,8 +7,8 @@
   episodic_all_tenants still get 42501 for any DELETE.
 - The delete triggers of the log, the attempts ledger and the heads now let a row go only
   when the transaction removing it wrote the conversation's tombstone first (PostgreSQL:
-  ``erased_xid``; SQLite, which has one writer and no roles: a tombstone of the same
-  conversation, created at the same instant). UPDATE and TRUNCATE are refused as before.
+  ``erased_xid``; SQLite, which has one writer and no roles: a head the erasing transaction
+  marked with its tombstone's id). UPDATE and TRUNCATE are refused as before.
 - ``episodic_create_conversation`` refuses an erased id unless ``p_reuse_erased`` (and now
   answers 'created', 'taken' or 'erased' through its raise); ``episodic_end_attempt`` writes
   no attempt for a conversation erased meanwhile ('gone').
@@ -127,7 +127,9 @@ BEGIN
     IF TG_LEVEL = 'ROW' AND episodic_erasing(OLD.conversation_id) THEN
         RETURN OLD;
     END IF;
-    RAISE EXCEPTION '%: % on % is not allowed', 'the head row of a conversation cannot be deleted: its events would be orphaned, and the log is never rewritten', TG_OP, TG_TABLE_NAME
+    RAISE EXCEPTION '%: % on % is not allowed',
+        'the head row of a conversation cannot be deleted: its events would be orphaned, and '
+        'the log is never rewritten', TG_OP, TG_TABLE_NAME
         USING ERRCODE = 'feature_not_supported',
               HINT = 'conversations are removed only by the erasure path of episodic';
 END
@@ -167,7 +169,8 @@ BEGIN
     -- waits for an erasure of the same id in flight: then this statement sees its tombstone,
     -- and the raise takes the insert back.
     IF NOT p_reuse_erased AND EXISTS (SELECT FROM episodic_erasures e
-                                       WHERE e.conversation_id = p_conversation_id) THEN
+                                       WHERE e.conversation_id = p_conversation_id
+                                         AND e.tenant_id = p_tenant_id) THEN
         RAISE EXCEPTION 'conversation % was erased', p_conversation_id
             USING ERRCODE = 'EP410';
     END IF;
@@ -318,6 +321,12 @@ BEGIN
         END IF;
     END IF;
     DELETE FROM episodic_shared_state s WHERE s.tenant_id = p_tenant_id;
+    -- Again, in a new snapshot: a conversation created meanwhile may have written the state
+    -- just deleted (the DELETE waited for it); then its erasure comes first, and this again.
+    IF EXISTS (SELECT FROM episodic_conversations c WHERE c.tenant_id = p_tenant_id) THEN
+        RAISE EXCEPTION 'tenant % still has conversations', p_tenant_id
+            USING ERRCODE = 'EP409';
+    END IF;
     INSERT INTO episodic_erasures (erasure_id, tenant_id, conversation_id,
                                    conversation_created_at, reason, conversations, events,
                                    compaction_attempts, shared_states, erased_at, erased_by,
@@ -336,17 +345,18 @@ def _replacing(definition: str) -> str:
 
 
 def _sqlite_condition(table: str) -> str:
-    """When SQLite lets a row of ``table`` go: a tombstone of its conversation, made for the
-    conversation as it is (created at the same instant), so an erased id re-created later is
-    not covered by the old tombstone."""
+    """When SQLite lets a row of ``table`` go: its conversation's head is marked (in its
+    lease column, which an erased conversation no longer needs) with the id of a tombstone,
+    which only the erasing transaction does, just before it deletes. A tombstone alone is
+    not enough: an erased id may be imported again, with the same creation time."""
     if table == "episodic_conversations":
         return (
             "EXISTS (SELECT 1 FROM episodic_erasures e WHERE e.conversation_id = "
-            "OLD.conversation_id AND e.conversation_created_at = OLD.created_at)"
+            "OLD.conversation_id AND e.erasure_id = OLD.lease_token)"
         )
     return (
         "EXISTS (SELECT 1 FROM episodic_erasures e JOIN episodic_conversations c "
-        "ON c.conversation_id = e.conversation_id AND c.created_at = e.conversation_created_at "
+        "ON c.conversation_id = e.conversation_id AND c.lease_token = e.erasure_id "
         "WHERE e.conversation_id = OLD.conversation_id)"
     )
 
@@ -428,6 +438,11 @@ def upgrade() -> None:
             f"CREATE POLICY episodic_eraser_rows ON {table} "
             "TO episodic_eraser USING (true) WITH CHECK (true)"
         )
+    # A row lock needs the UPDATE privilege; the eraser's may lock a head, never change one.
+    op.execute(
+        "CREATE POLICY episodic_eraser_locks_only ON episodic_conversations AS RESTRICTIVE "
+        "FOR UPDATE TO episodic_eraser USING (true) WITH CHECK (false)"
+    )
     op.execute("GRANT SELECT ON episodic_alembic_version TO episodic_eraser")
     op.execute(f"GRANT SELECT ON {LEDGER} TO {READERS}")
     op.execute(f"GRANT INSERT ON {LEDGER} TO episodic_eraser")
@@ -464,6 +479,7 @@ def downgrade() -> None:
             "FOR EACH ROW EXECUTE FUNCTION episodic_refuse_change()"
         )
     op.execute(_replacing(_load_revision("0005_protected_heads.py").REFUSE_HEAD_REMOVAL))
+    op.execute("DROP POLICY episodic_eraser_locks_only ON episodic_conversations")
     for table in ERASABLE:
         op.execute(f"DROP POLICY episodic_eraser_rows ON {table}")
         op.execute(f"REVOKE ALL ON {table} FROM episodic_eraser")

@@ -10,6 +10,7 @@ from uuid import UUID
 
 import orjson
 import pytest
+from sqlalchemy.exc import DBAPIError
 
 from episodic import (
     BoundaryRequest,
@@ -23,7 +24,7 @@ from episodic import (
     Usage,
 )
 from tests.conftest import isolated_settings
-from tests.support import snapshot
+from tests.support import execute_raw, snapshot
 
 CONVERSATIONS = 200
 
@@ -192,6 +193,11 @@ def _damaged(lines: list[str]) -> dict[str, tuple[list[str], int]]:
     edited = orjson.loads(lines[3])
     edited["payload"]["content"] = "rewritten"
     fewer_head = dict(header, head=dict(header["head"], context_tokens=1))
+    moved = dict(header, tenant_id="mallory")
+    alien = orjson.loads(lines[1])
+    alien["payload"]["role"] = "alien"
+    huge = dict(orjson.loads(lines[1]), token_estimate=2**63)
+    bad_overrides = dict(header, metadata={"compaction": {"trigger_context_tokens": "abc"}})
     return {
         "truncated": (lines[:-2], events),
         "cut mid-line": ([*lines[:-1], lines[-1][: len(lines[-1]) // 2]], events + 1),
@@ -201,6 +207,11 @@ def _damaged(lines: list[str]) -> dict[str, tuple[list[str], int]]:
         "unknown version": ([orjson.dumps(wrong_version).decode() + "\n", *lines[1:]], 1),
         "edited event": ([*lines[:3], orjson.dumps(edited).decode() + "\n", *lines[4:]], 1),
         "head changed": ([orjson.dumps(fewer_head).decode() + "\n", *lines[1:]], 1),
+        "tenant changed": ([orjson.dumps(moved).decode() + "\n", *lines[1:]], 1),
+        "unknown role": ([lines[0], orjson.dumps(alien).decode() + "\n", *lines[2:]], 2),
+        "huge number": ([lines[0], orjson.dumps(huge).decode() + "\n", *lines[2:]], 2),
+        "bad overrides": ([orjson.dumps(bad_overrides).decode() + "\n", *lines[1:]], 1),
+        "two conversations": ([*lines, *lines], len(lines) + 1),
         "not json": (["hello\n", *lines], 1),
         "event first": (lines[1:], 1),
         "empty": ([], 1),
@@ -251,3 +262,39 @@ async def test_import_into_another_tenant(source: EpisodicStore, pg_store: Episo
     assert imported.tenant_id == "moved"
     head = await pg_store.for_tenant("moved").get_conversation(imported.conversation_id)
     assert head.tenant_id == "moved"
+
+
+async def test_a_conversation_erased_while_it_is_exported_fails_the_export(
+    source: EpisodicStore,
+) -> None:
+    conv = await source.create_conversation()
+    await source.append(conv, [Message.user("one"), Message.assistant("two")])
+    lines = source.export_conversation(conv)
+    assert '"type":"conversation"' in await anext(lines)
+    await source.erase_conversation(conv, reason="meanwhile")
+    with pytest.raises(ConflictError, match="erased while it was exported"):
+        async for _ in lines:
+            pass
+
+
+@pytest.mark.parametrize("backend_name", ["postgresql", "sqlite"])
+async def test_a_reimported_erased_id_is_still_protected_from_a_raw_delete(
+    source: EpisodicStore,
+    pg_store: EpisodicStore,
+    back: EpisodicStore,
+    backend_name: str,
+    postgres_url: str,
+    tmp_path: Path,
+) -> None:
+    lines = await _block(source)
+    target = pg_store if backend_name == "postgresql" else back
+    url = (
+        postgres_url if backend_name == "postgresql" else f"sqlite+aiosqlite:///{tmp_path}/back.db"
+    )
+    imported = await target.import_conversation(lines)
+    await target.erase_conversation(imported.conversation_id, reason="test")
+    await target.import_conversation(lines, reuse_erased_ids=True)  # the same creation time
+    before = await snapshot(url)
+    with pytest.raises(DBAPIError):
+        await execute_raw(url, "DELETE FROM episodic_events")
+    assert await snapshot(url) == before

@@ -265,7 +265,9 @@ BEGIN
     IF TG_LEVEL = 'ROW' AND episodic_erasing(OLD.conversation_id) THEN
         RETURN OLD;
     END IF;
-    RAISE EXCEPTION '%: % on % is not allowed', 'the head row of a conversation cannot be deleted: its events would be orphaned, and the log is never rewritten', TG_OP, TG_TABLE_NAME
+    RAISE EXCEPTION '%: % on % is not allowed',
+        'the head row of a conversation cannot be deleted: its events would be orphaned, and '
+        'the log is never rewritten', TG_OP, TG_TABLE_NAME
         USING ERRCODE = 'feature_not_supported',
               HINT = 'conversations are removed only by the erasure path of episodic';
 END
@@ -361,6 +363,14 @@ CREATE POLICY episodic_eraser_rows ON episodic_conversations
     TO episodic_eraser
     USING (true)
     WITH CHECK (true);
+-- It may lock a head (a row lock needs the UPDATE privilege: it has one column's) but never
+-- change one, whatever other policy would let it: a restrictive check no row passes.
+CREATE POLICY episodic_eraser_locks_only ON episodic_conversations
+    AS RESTRICTIVE
+    FOR UPDATE
+    TO episodic_eraser
+    USING (true)
+    WITH CHECK (false);
 CREATE POLICY episodic_eraser_rows ON episodic_events
     TO episodic_eraser
     USING (true)
@@ -619,7 +629,8 @@ BEGIN
     -- waits for an erasure of the same id in flight: then this statement sees its tombstone,
     -- and the raise takes the insert back.
     IF NOT p_reuse_erased AND EXISTS (SELECT FROM episodic_erasures e
-                                       WHERE e.conversation_id = p_conversation_id) THEN
+                                       WHERE e.conversation_id = p_conversation_id
+                                         AND e.tenant_id = p_tenant_id) THEN
         RAISE EXCEPTION 'conversation % was erased', p_conversation_id
             USING ERRCODE = 'EP410';
     END IF;
@@ -1406,6 +1417,12 @@ BEGIN
         END IF;
     END IF;
     DELETE FROM episodic_shared_state s WHERE s.tenant_id = p_tenant_id;
+    -- Again, in a new snapshot: a conversation created meanwhile may have written the state
+    -- just deleted (the DELETE waited for it); then its erasure comes first, and this again.
+    IF EXISTS (SELECT FROM episodic_conversations c WHERE c.tenant_id = p_tenant_id) THEN
+        RAISE EXCEPTION 'tenant % still has conversations', p_tenant_id
+            USING ERRCODE = 'EP409';
+    END IF;
     INSERT INTO episodic_erasures (erasure_id, tenant_id, conversation_id,
                                    conversation_created_at, reason, conversations, events,
                                    compaction_attempts, shared_states, erased_at, erased_by,
