@@ -544,14 +544,16 @@ class SqliteBackend:
             reused = None
             client_ids = [cid for cid in batch.client_ids if cid is not None]
             if client_ids and prior is None:
-                reused = await conn.scalar(
-                    select(events.c.client_id)
-                    .where(
-                        events.c.conversation_id == conversation_id,
-                        events.c.client_id.in_(client_ids),
+                used = set(
+                    await conn.scalars(
+                        select(events.c.client_id).where(
+                            events.c.conversation_id == conversation_id,
+                            events.c.client_id.in_(client_ids),
+                        )
                     )
-                    .limit(1)
                 )
+                # the first reused in the batch's order, as episodic_append names it
+                reused = next((cid for cid in client_ids if cid in used), None)
             abandoned = None
             if needs_abandoned_calls(batch, counters.open_tool_calls):
                 abandoned = await _abandoned_calls(conn, conversation_id)

@@ -11,7 +11,8 @@
   marked with its tombstone's id). UPDATE and TRUNCATE are refused as before.
 - ``episodic_create_conversation`` refuses an erased id unless ``p_reuse_erased`` (and now
   answers 'created', 'taken' or 'erased' through its raise); ``episodic_end_attempt`` writes
-  no attempt for a conversation erased meanwhile ('gone').
+  no attempt for a conversation erased meanwhile ('gone'); ``episodic_append`` names the first
+  reused client id in the batch's order (it named the index's first).
 
 (Frozen once it ships: the current definitions are episodic/store/sql/schema.sql and
 episodic/store/schema.py.)
@@ -91,6 +92,215 @@ EXCEPTION WHEN insufficient_privilege THEN
         USING HINT = 'ask a superuser to run: CREATE ROLE episodic_eraser NOLOGIN; then run '
                      'episodic migrate again';
 END $$
+"""
+
+APPEND = """
+CREATE FUNCTION episodic_append(
+    p_conversation_id uuid,
+    p_expected_seq bigint,
+    p_idempotency_key text,
+    p_request_hash text,
+    p_payloads text[],
+    p_token_estimates integer[],
+    p_client_ids text[],
+    p_usage text,
+    p_usage_input_tokens bigint,
+    p_user_messages integer,
+    p_token_sum bigint,
+    p_called_ids text[],
+    p_opened_ids text[],
+    p_opened_offsets integer[],
+    p_closed_ids text[],
+    p_trigger jsonb,
+    p_scope text DEFAULT NULL::text,
+    p_state text DEFAULT NULL::text,
+    p_touched_at double precision DEFAULT NULL::double precision
+) RETURNS TABLE(o_outcome text, o_seq bigint, o_created_at timestamp with time zone, o_detail text)
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_last bigint;
+    v_open jsonb;
+    v_n integer := cardinality(p_payloads);
+    v_prior_seq bigint;
+    v_prior_at timestamptz;
+    v_prior_hash text;
+    v_bad text;
+    v_head episodic_conversations;
+    v_deleted timestamptz;
+    -- a state change is one more event, after the batch's messages
+    v_change jsonb := p_state::jsonb;
+    v_extra integer := CASE WHEN p_state IS NULL THEN 0 ELSE 1 END;
+BEGIN
+    IF p_scope IS NOT NULL THEN
+        PERFORM episodic_set_tenant(p_scope);
+    END IF;
+    -- What needs the head before the write: read it under its row lock.
+    IF p_idempotency_key IS NOT NULL OR p_client_ids IS NOT NULL OR p_called_ids IS NOT NULL
+       OR p_closed_ids IS NOT NULL THEN
+        SELECT c.last_seq, c.open_tool_calls, c.deleted_at INTO v_last, v_open, v_deleted
+          FROM episodic_conversations c
+         WHERE c.conversation_id = p_conversation_id
+           AND (p_scope IS NULL OR c.tenant_id = p_scope)
+           FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN QUERY SELECT 'not_found'::text, NULL::bigint, NULL::timestamptz, NULL::text;
+            RETURN;
+        END IF;
+        IF v_deleted IS NOT NULL THEN
+            RETURN QUERY SELECT 'deleted'::text, v_last, NULL::timestamptz, NULL::text;
+            RETURN;
+        END IF;
+
+        IF p_idempotency_key IS NOT NULL THEN
+            SELECT e.seq, e.created_at, e.request_hash
+              INTO v_prior_seq, v_prior_at, v_prior_hash
+              FROM episodic_events e
+             WHERE e.conversation_id = p_conversation_id
+               AND e.idempotency_key = p_idempotency_key;
+            IF FOUND THEN
+                RETURN QUERY SELECT
+                    CASE WHEN v_prior_hash = p_request_hash THEN 'replayed'
+                         ELSE 'idempotency_mismatch' END,
+                    v_prior_seq, v_prior_at, NULL::text;
+                RETURN;
+            END IF;
+        END IF;
+
+        IF p_expected_seq IS NOT NULL AND v_last <> p_expected_seq THEN
+            RETURN QUERY SELECT 'conflict'::text, v_last, NULL::timestamptz, NULL::text;
+            RETURN;
+        END IF;
+
+        IF p_client_ids IS NOT NULL THEN
+            -- the first reused in the batch's order (the twin's), not the index's
+            SELECT e.client_id INTO v_bad
+              FROM episodic_events e
+             WHERE e.conversation_id = p_conversation_id AND e.client_id = ANY (p_client_ids)
+             ORDER BY array_position(p_client_ids, e.client_id)
+             LIMIT 1;
+            IF FOUND THEN
+                RETURN QUERY SELECT 'client_id_reused'::text, NULL::bigint, NULL::timestamptz,
+                                    v_bad;
+                RETURN;
+            END IF;
+        END IF;
+
+        IF p_called_ids IS NOT NULL THEN
+            SELECT x INTO v_bad FROM unnest(p_called_ids) AS x WHERE v_open ? x LIMIT 1;
+        END IF;
+        IF p_called_ids IS NOT NULL AND FOUND THEN
+            RETURN QUERY SELECT 'duplicate_tool_call'::text, NULL::bigint, NULL::timestamptz,
+                                v_bad;
+            RETURN;
+        END IF;
+
+        IF p_closed_ids IS NOT NULL THEN
+            SELECT x INTO v_bad FROM unnest(p_closed_ids) AS x WHERE NOT (v_open ? x) LIMIT 1;
+        END IF;
+        IF p_closed_ids IS NOT NULL AND FOUND THEN
+            -- Only on this error path is the log searched, to say why the result is refused.
+            RETURN QUERY SELECT
+                CASE WHEN EXISTS (
+                    SELECT 1 FROM episodic_events e
+                     WHERE e.conversation_id = p_conversation_id
+                       AND e.kind = 'run_completed'
+                       AND ((e.payload::jsonb -> 'abandoned_tool_call_ids') ? v_bad)
+                ) THEN 'orphan_abandoned' ELSE 'orphan' END,
+                NULL::bigint, NULL::timestamptz, v_bad;
+            RETURN;
+        END IF;
+    END IF;
+
+    UPDATE episodic_conversations c SET
+        last_seq = c.last_seq + v_n + v_extra,
+        total_user_messages = c.total_user_messages + p_user_messages,
+        user_messages_since_boundary = c.user_messages_since_boundary + p_user_messages,
+        user_messages_since_run_completed =
+            c.user_messages_since_run_completed + p_user_messages,
+        context_tokens = c.context_tokens + p_token_sum,
+        usage_input_tokens = COALESCE(p_usage_input_tokens, c.usage_input_tokens),
+        tokens_since_usage = CASE WHEN p_usage_input_tokens IS NULL
+                                  THEN c.tokens_since_usage + p_token_sum
+                                  ELSE p_token_sum END,
+        open_tool_calls = CASE
+            WHEN p_closed_ids IS NULL AND p_opened_ids IS NULL THEN c.open_tool_calls
+            ELSE episodic_open_calls_after(c.open_tool_calls, p_closed_ids, p_opened_ids,
+                                           p_opened_offsets, c.last_seq)
+            END,
+        state = CASE WHEN p_state IS NULL THEN c.state
+                     ELSE COALESCE(c.state, '{}'::jsonb)
+                          || COALESCE(v_change -> 'conversation', '{}'::jsonb) END,
+        touched_at = COALESCE(p_touched_at, c.touched_at)
+     WHERE c.conversation_id = p_conversation_id
+       AND (p_scope IS NULL OR c.tenant_id = p_scope)
+       AND (p_expected_seq IS NULL OR c.last_seq = p_expected_seq)
+       AND c.deleted_at IS NULL
+    RETURNING c.* INTO v_head;
+    IF NOT FOUND THEN
+        -- Only without the locking read above: the head is not there, or not at p_expected_seq.
+        -- A head created after this statement began is not there for the update either: that
+        -- is not_found (the caller creates or retries), never a conflict nobody asked for. A
+        -- deletion is for good, so a deleted head says so whenever it is seen.
+        SELECT c.last_seq, c.deleted_at INTO v_last, v_deleted FROM episodic_conversations c
+         WHERE c.conversation_id = p_conversation_id
+           AND (p_scope IS NULL OR c.tenant_id = p_scope);
+        IF FOUND AND v_deleted IS NOT NULL THEN
+            RETURN QUERY SELECT 'deleted'::text, v_last, NULL::timestamptz, NULL::text;
+            RETURN;
+        END IF;
+        IF FOUND AND p_expected_seq IS NOT NULL AND v_last <> p_expected_seq THEN
+            RETURN QUERY SELECT 'conflict'::text, v_last, NULL::timestamptz, NULL::text;
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT 'not_found'::text, NULL::bigint, NULL::timestamptz, NULL::text;
+        RETURN;
+    END IF;
+    v_last := v_head.last_seq - v_n - v_extra;
+
+    IF v_n = 1 THEN
+        INSERT INTO episodic_events (
+            conversation_id, seq, tenant_id, kind, created_at, token_estimate, payload,
+            client_id, usage, idempotency_key, request_hash, batch_size
+        ) VALUES (
+            p_conversation_id, v_last + 1, v_head.tenant_id, 'message', now(),
+            p_token_estimates[1], p_payloads[1], p_client_ids[1], p_usage, p_idempotency_key,
+            p_request_hash, 1
+        );
+    ELSE
+        INSERT INTO episodic_events (
+            conversation_id, seq, tenant_id, kind, created_at, token_estimate, payload,
+            client_id, usage, idempotency_key, request_hash, batch_size
+        )
+        SELECT p_conversation_id, v_last + t.i, v_head.tenant_id, 'message', now(), t.tokens,
+               t.payload, t.client_id,
+               CASE WHEN t.i = 1 THEN p_usage END,
+               CASE WHEN t.i = 1 THEN p_idempotency_key END,
+               CASE WHEN t.i = 1 THEN p_request_hash END,
+               CASE WHEN t.i = 1 THEN v_n END
+          FROM unnest(p_payloads, p_token_estimates, p_client_ids)
+               WITH ORDINALITY AS t(payload, tokens, client_id, i);
+    END IF;
+    IF p_state IS NOT NULL THEN
+        -- Stamped once the shared scopes' rows are locked: a concurrent writer to the same
+        -- scope committed before this one is stamped earlier, so the log, in created_at
+        -- order, folds into the scopes as they were applied (episodic/store/state.py).
+        PERFORM episodic_apply_shared_state(v_head.tenant_id, v_change -> 'shared');
+        INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
+                                     token_estimate, payload)
+        VALUES (p_conversation_id, v_last + v_n + 1, v_head.tenant_id, 'state',
+                clock_timestamp(), 0, p_state);
+    END IF;
+
+    -- episodic_mark_due's own tests first, written out: most appends leave the head not
+    -- due, and then no further function is called.
+    IF v_head.due_since IS NULL AND v_head.dead_since IS NULL
+       AND episodic_trigger_reason(v_head, p_trigger, now()) IS NOT NULL THEN
+        PERFORM episodic_mark_due(v_head, p_trigger);
+    END IF;
+    RETURN QUERY SELECT 'appended'::text, v_last + 1, now(), NULL::text;
+END
+$fn$;
 """
 
 ERASING = """
@@ -452,6 +662,7 @@ def upgrade() -> None:
     for definition in (CREATE_CONVERSATION, ERASE_CONVERSATION, ERASE_TENANT):
         op.execute(definition)
     op.execute(_replacing(END_ATTEMPT))
+    op.execute(_replacing(APPEND))
 
 
 def downgrade() -> None:
@@ -471,6 +682,7 @@ def downgrade() -> None:
         op.execute(f"DROP FUNCTION {signature}")
     op.execute(_load_revision("0011_state_listings_deletion.py").CREATE_CONVERSATION)
     op.execute(_replacing(_load_revision("0006_named_parameters.py").END_ATTEMPT))
+    op.execute(_replacing(_load_revision("0011_state_listings_deletion.py").APPEND))
     for table in ("episodic_events", "episodic_compaction_attempts"):
         op.execute(f"DROP TRIGGER {table}_erasure_only ON {table}")
         op.execute(f"DROP TRIGGER {table}_append_only ON {table}")

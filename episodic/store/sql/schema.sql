@@ -763,9 +763,11 @@ BEGIN
         END IF;
 
         IF p_client_ids IS NOT NULL THEN
+            -- the first reused in the batch's order (the twin's), not the index's
             SELECT e.client_id INTO v_bad
               FROM episodic_events e
              WHERE e.conversation_id = p_conversation_id AND e.client_id = ANY (p_client_ids)
+             ORDER BY array_position(p_client_ids, e.client_id)
              LIMIT 1;
             IF FOUND THEN
                 RETURN QUERY SELECT 'client_id_reused'::text, NULL::bigint, NULL::timestamptz,
