@@ -59,6 +59,7 @@ from episodic.store.codec import (
 from episodic.store.engine import DatabaseUrl
 from episodic.store.erasure import Erasure, erasure_from_row
 from episodic.store.export_format import ConversationHeader, EventRow, HeadImage, SharedStateRow
+from episodic.store.listen import DueListener
 from episodic.store.migrate import SchemaMigration, upgrade_to_head
 from episodic.store.pool import Pool
 from episodic.store.sql import named_call
@@ -883,15 +884,13 @@ class PostgresBackend:
         # A dedicated connection: LISTEN is session state, which pooled connections must
         # not carry (the pool gives them back as they are, with no reset: episodic leaves no
         # session state behind, its settings and advisory locks being transaction-local).
-        assert self._url.asyncpg is not None
+        # It is opened again when it is lost (store/listen.py).
+        dsn = self._url.asyncpg
+        assert dsn is not None
+        listener = DueListener(lambda: self._connect(dsn), DUE_CHANNEL, wake)
         with translated_errors():
-            connection = await self._connect(self._url.asyncpg)
-            await connection.add_listener(DUE_CHANNEL, lambda *_: wake())
-
-        async def close() -> None:
-            await connection.close()
-
-        return close
+            await listener.start()
+        return listener.close
 
     async def end_attempt(
         self, claim: Claim, end: AttemptEnd, attempt: AttemptRecord
