@@ -582,8 +582,7 @@ class PostgresBackend:
 
     async def conversation_ids(self, tenant_id: str, after: UUID | None, limit: int) -> list[UUID]:
         with translated_errors():
-            async with self._pool.acquire() as connection, connection.transaction():
-                await connection.execute(SET_TENANT, tenant_id)
+            async with self.for_tenant(tenant_id)._session() as connection:
                 rows = await connection.fetch(CONVERSATION_IDS, tenant_id, after, limit)
         return [row[0] for row in rows]
 
@@ -605,8 +604,7 @@ class PostgresBackend:
 
     async def read_shared_states(self, tenant_id: str) -> list[SharedStateRow]:
         with translated_errors():
-            async with self._pool.acquire() as connection, connection.transaction():
-                await connection.execute(SET_TENANT, tenant_id)
+            async with self.for_tenant(tenant_id)._session() as connection:
                 rows = await connection.fetch(SHARED_STATES, tenant_id)
         return [SharedStateRow(*row) for row in rows]
 
