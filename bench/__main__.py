@@ -4,7 +4,8 @@ then the compaction worker's throughput (``bench/worker.py``).
 Each part gets a throwaway database ``episodic_bench_<random>``, created and always dropped
 (also on Ctrl-C or SIGTERM). Results are printed and written to ``bench/RESULTS.md``; the
 worker's go to its "## Worker" section, which ``--only worker`` alone rewrites; ``--only
-core`` rewrites the part above the first "## " heading and keeps the rest.
+core`` rewrites the part above the first "## " heading and keeps the rest. ``--citus`` runs
+only the Citus comparison (``bench/citus.py``) and rewrites only its "## Citus" section.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bench import citus as citus_bench
 from bench import db
 from bench import worker as worker_bench
 from bench.provenance import command_line, episodic_source, terminate
@@ -112,7 +114,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=RESULTS,
         help="markdown file to write (default: bench/RESULTS.md)",
     )
+    citus_bench.add_arguments(p)
     args = p.parse_args(argv)
+    citus_bench.check_arguments(p, args)
     if args.quick:
         args.max_events = 10_000
     if args.max_events < 1_000:
@@ -158,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench.report import document, sections, table, with_section
 
     command = command_line("bench", argv)
+    if args.citus:
+        return citus_bench.main(args, command)
     previous = args.output.read_text() if args.output.exists() else ""
     text = previous
     code = 0

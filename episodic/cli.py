@@ -322,6 +322,7 @@ def status(
 
     async def work(store: EpisodicStore) -> None:
         state = await _scoped(store, tenant).compaction_status(recent=recent, limit=limit)
+        console.print(f"store: {state.layout.describe()}")
         console.print(
             f"due={state.due}  leased={state.leased}  failing={state.failing}  dead={state.dead}"
         )

@@ -53,6 +53,14 @@ class EpisodicSettings(BaseSettings):
         description="PostgreSQL: append calls in flight at once; appends beyond them wait and "
         "go together in one call, transaction and commit (0: every append its own call).",
     )
+    citus_shard_count: int = Field(
+        default=32,
+        ge=1,
+        le=64000,
+        description="Citus: shards per distributed table when `episodic migrate` distributes "
+        "the schema (a database with the citus extension; ignored elsewhere). Several per "
+        "node, so the rebalancer can move them as nodes are added.",
+    )
     connect_timeout_seconds: float = Field(
         default=10.0,
         gt=0,

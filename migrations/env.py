@@ -15,6 +15,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
+from episodic.settings import EpisodicSettings
+from episodic.store import citus
 from episodic.store.engine import sqlalchemy_url
 from episodic.store.schema import metadata
 
@@ -33,12 +35,24 @@ def run_with_connection(connection: Connection) -> None:
         compare_type=True,
         version_table="episodic_alembic_version",
     )
+    distributed = connection.dialect.name == "postgresql" and citus.citus_installed(connection)
     with context.begin_transaction():
         if connection.dialect.name == "postgresql":
             connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
+        if distributed:
+            citus.prepare_migration(connection)
         # Read under the lock: what this run starts from, for `episodic migrate` to report.
         config.attributes["revision_before"] = context.get_context().get_current_revision()
         context.run_migrations()
+        if distributed:
+            # In the same transaction: a revision that re-created a function lost its
+            # delegation, and gets it back before anyone can call it undelegated.
+            # store.migrate() hands in its settings' count; the alembic command line reads
+            # EPISODIC_CITUS_SHARD_COUNT like every other setting.
+            shards = (
+                config.attributes.get("citus_shard_count") or EpisodicSettings().citus_shard_count
+            )
+            citus.distribute(connection, shard_count=shards)
 
 
 async def run_async(url: str) -> None:

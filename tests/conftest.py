@@ -5,6 +5,11 @@ it, testcontainers starts one when Docker answers; otherwise the run stops with 
 saying what to set. The schema is migrated once into a template database, and every test gets
 its own database cloned from it (dropped afterwards). SQLite: a migrated template file,
 copied per test.
+
+``pytest --citus``: the Citus lane. Every PostgreSQL database is a distributed one on the
+cluster ``EPISODIC_TEST_CITUS_URL`` names (tests/support_citus.py), made whole per test since
+Citus refuses template cloning; SQLite halves are skipped. Without the variable the lane's
+tests skip, saying what to set.
 """
 
 from __future__ import annotations
@@ -23,15 +28,61 @@ from sqlalchemy.engine import make_url
 from episodic import EpisodicStore
 from episodic.settings import EpisodicSettings
 from tests.support import asyncpg_dsn
+from tests.support_citus import (
+    CITUS_URL,
+    NOT_CONFIGURED,
+    TEST_SHARD_COUNT,
+    create_distributed_database,
+    drop_distributed_database,
+    empty_distributed_database,
+)
 
 SERVER_URL_VARIABLE = "EPISODIC_TEST_DATABASE_URL"
 _SERVER_URL = os.environ.get(SERVER_URL_VARIABLE)
 BACKENDS = ("postgresql", "sqlite")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--citus",
+        action="store_true",
+        help="run the PostgreSQL tests on distributed databases of the Citus cluster "
+        "EPISODIC_TEST_CITUS_URL names (SQLite tests are skipped)",
+    )
+
+
+_citus_lane = False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _citus_lane
+    _citus_lane = bool(config.getoption("citus"))
+
+
+def citus_lane() -> bool:
+    """Whether this run is the Citus lane (``--citus``)."""
+    return _citus_lane
+
+
 def isolated_settings() -> EpisodicSettings:
     """Defaults only: no environment variables, no .env file."""
     return EpisodicSettings(_env_file=None)
+
+
+async def create_database(server: str, name: str, *, owner: str | None = None) -> None:
+    """An empty database on the test server: on the Citus lane, one on every node, ready to
+    be distributed by its migration."""
+    if _citus_lane:
+        await create_distributed_database(server, name, owner=owner)
+    else:
+        await _admin(server, f'CREATE DATABASE "{name}"' + (f" OWNER {owner}" if owner else ""))
+
+
+async def drop_database(server: str, name: str) -> None:
+    if _citus_lane:
+        await drop_distributed_database(server, name)
+    else:
+        await _admin(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _with_database(url: str, name: str) -> str:
@@ -57,7 +108,13 @@ def _start_container() -> tuple[str, object]:
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[str]:
-    """URL of a PostgreSQL server (its maintenance database)."""
+    """URL of a PostgreSQL server (its maintenance database); on the Citus lane, the
+    cluster's coordinator."""
+    if _citus_lane:
+        if not CITUS_URL:
+            pytest.skip(NOT_CONFIGURED)
+        yield CITUS_URL
+        return
     if _SERVER_URL:
         yield _SERVER_URL
         return
@@ -77,8 +134,12 @@ async def _admin(server: str, sql: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def postgres_template(postgres_server: str) -> Iterator[str]:
-    """Name of a migrated database that test databases are cloned from."""
+def postgres_template(postgres_server: str) -> Iterator[str | None]:
+    """Name of a migrated database that test databases are cloned from (none on the Citus
+    lane, whose test databases are made whole)."""
+    if _citus_lane:
+        yield None
+        return
     name = f"episodic_template_{uuid.uuid4().hex[:12]}"
     asyncio.run(_admin(postgres_server, f'CREATE DATABASE "{name}"'))
 
@@ -115,9 +176,49 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def citus_databases(postgres_server: str) -> Iterator[list[str]]:
+    """The Citus lane's migrated, distributed databases that no test is using, emptied after
+    each test for the next (dropped at the end of the run)."""
+    free: list[str] = []
+    yield free
+    for name in free:
+        asyncio.run(drop_distributed_database(postgres_server, name))
+
+
+async def _distributed_database(server: str) -> str:
+    name = f"episodic_test_{uuid.uuid4().hex[:12]}"
+    await create_distributed_database(server, name)
+    settings = EpisodicSettings(_env_file=None, citus_shard_count=TEST_SHARD_COUNT)
+    store = await EpisodicStore.open(_with_database(server, name), settings=settings)
+    try:
+        await store.migrate()
+    finally:
+        await store.close()
+    return name
+
+
 @pytest.fixture
-async def postgres_url(postgres_server: str, postgres_template: str) -> AsyncIterator[str]:
-    """A fresh, migrated PostgreSQL database for one test."""
+async def postgres_url(
+    postgres_server: str, postgres_template: str | None, request: pytest.FixtureRequest
+) -> AsyncIterator[str]:
+    """A fresh, migrated PostgreSQL database for one test (on the Citus lane, distributed:
+    made once, then emptied for each next test unless the test is marked ``alters_schema``)."""
+    if postgres_template is None:
+        free: list[str] = request.getfixturevalue("citus_databases")
+        name = free.pop() if free else await _distributed_database(postgres_server)
+        reusable = request.node.get_closest_marker("alters_schema") is None
+        try:
+            yield _with_database(postgres_server, name)
+        finally:
+            try:
+                if reusable:
+                    await empty_distributed_database(postgres_server, name)
+                    free.append(name)
+            finally:
+                if not reusable or name not in free:
+                    await drop_distributed_database(postgres_server, name)
+        return
     name = f"episodic_test_{uuid.uuid4().hex[:12]}"
     await _admin(postgres_server, f'CREATE DATABASE "{name}" TEMPLATE "{postgres_template}"')
     try:
@@ -142,6 +243,8 @@ def backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def database_url(backend: str, request: pytest.FixtureRequest) -> str:
     """A fresh migrated database on each backend (the contract suite runs on both)."""
+    if _citus_lane and backend == "sqlite":
+        pytest.skip("the Citus lane runs the PostgreSQL half of each test")
     fixture = "postgres_url" if backend == "postgresql" else "sqlite_url"
     return str(request.getfixturevalue(fixture))
 

@@ -156,11 +156,25 @@ class RoundTripCounter:
         upstream_reader, upstream_writer = await asyncio.open_connection(
             self.target_host, self.target_port
         )
+        session = self._new_session()
         await asyncio.gather(
-            self._client_to_server(reader, upstream_writer),
-            self._pipe(upstream_reader, writer),
+            self._client_to_server(session, reader, upstream_writer),
+            self._server_to_client(session, upstream_reader, writer),
             return_exceptions=True,
         )
+
+    def _new_session(self) -> Any:
+        """Per-connection state for a subclass's hooks."""
+        return None
+
+    def _client_message(self, session: Any, kind: bytes, body: bytes) -> None:
+        """Called with each message from the client after the startup packet, before it
+        is forwarded (a subclass reads the protocol here)."""
+
+    async def _server_to_client(
+        self, session: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await self._pipe(reader, writer)
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -171,7 +185,7 @@ class RoundTripCounter:
             writer.close()
 
     async def _client_to_server(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, session: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         try:
             # The startup packet has no type byte: a length, then the body.
@@ -182,10 +196,11 @@ class RoundTripCounter:
                 (length,) = struct.unpack("!I", await reader.readexactly(4))
                 body = await reader.readexactly(length - 4)
                 self.messages.append(kind)
+                if kind in (b"S", b"Q") and self.cut_requests > 0:
+                    self.cut_requests -= 1
+                    return
+                self._client_message(session, kind, body)
                 if kind in (b"S", b"Q"):
-                    if self.cut_requests > 0:
-                        self.cut_requests -= 1
-                        return
                     self.round_trips += 1
                 writer.write(kind + struct.pack("!I", length) + body)
                 await writer.drain()

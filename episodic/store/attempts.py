@@ -115,6 +115,22 @@ class CompactionQueueEntry(EpisodicModel):
     lease_expires_at: datetime | None
 
 
+class StoreLayout(EpisodicModel):
+    """Where the store's rows live: one database, or distributed by Citus over ``nodes``
+    nodes (the coordinator and its workers) in ``shards`` shards per table."""
+
+    model_config = ConfigDict(frozen=True)
+
+    distributed: bool = False
+    nodes: int = 1
+    shards: int = 0
+
+    def describe(self) -> str:
+        if not self.distributed:
+            return "one database (not distributed)"
+        return f"distributed by Citus over {self.nodes} nodes, {self.shards} shards per table"
+
+
 class CompactionStatus(EpisodicModel):
     """What ``episodic status`` shows: counts, the conversations behind them (dead first, at
     most the limit asked for), and the latest attempts."""
@@ -127,6 +143,7 @@ class CompactionStatus(EpisodicModel):
     dead: int
     conversations: list[CompactionQueueEntry]
     recent_attempts: list[dict[str, Any]]
+    layout: StoreLayout = StoreLayout()
 
 
 __all__ = [
@@ -138,4 +155,5 @@ __all__ = [
     "CompactionQueueEntry",
     "CompactionStatus",
     "QueueState",
+    "StoreLayout",
 ]

@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from episodic.errors import ConfigurationError, SchemaNotMigratedError
+from episodic.store.citus import DEFAULT_SHARD_COUNT
 
 #: Every revision of episodic's schema, oldest first; this version of episodic needs the last.
 #: (A test checks this is Alembic's history.)
@@ -30,6 +31,7 @@ REVISIONS = (
     "0010_append_sees_a_new_head",
     "0011_state_listings_deletion",
     "0012_erasure",
+    "0013_distributable",
 )
 HEAD_REVISION = REVISIONS[-1]
 
@@ -65,9 +67,10 @@ class SchemaMigration:
         return self.before != self.after
 
 
-def _upgrade(connection: Connection) -> SchemaMigration:
+def _upgrade(connection: Connection, citus_shard_count: int) -> SchemaMigration:
     config = alembic_config()
     config.attributes["connection"] = connection
+    config.attributes["citus_shard_count"] = citus_shard_count
     command.upgrade(config, "head")
     # env.py reads the revision it starts from once it holds the migration lock, so of many
     # processes migrating at once exactly one reports the change.
@@ -80,11 +83,14 @@ def _upgrade(connection: Connection) -> SchemaMigration:
 _loop_locks: WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = WeakKeyDictionary()
 
 
-async def upgrade_to_head(engine: AsyncEngine) -> SchemaMigration:
-    """``alembic upgrade head`` on ``engine``, in one transaction."""
+async def upgrade_to_head(
+    engine: AsyncEngine, *, citus_shard_count: int = DEFAULT_SHARD_COUNT
+) -> SchemaMigration:
+    """``alembic upgrade head`` on ``engine``, in one transaction (on Citus, distributing
+    the schema in it too: store/citus.py)."""
     lock = _loop_locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
     async with lock, engine.begin() as connection:
-        return await connection.run_sync(_upgrade)
+        return await connection.run_sync(_upgrade, citus_shard_count)
 
 
 def check_revision(revision: str | None, *, where: str) -> None:

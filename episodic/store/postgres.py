@@ -7,9 +7,8 @@ it. SQLAlchemy is used only to run the migrations.
 
 A backend scoped to a tenant (``for_tenant``) passes the tenant as the functions' ``p_scope``,
 which they set for row-level security inside the same statement, so scoping adds no round trip
-on the request path or in the worker; the operator's operations that are no function (claims
-by hand or by a scoped worker, listing, paging events, status) run in a transaction that sets
-the tenant first.
+on the request path or in the worker; the operator's operations that are no function
+(listing, paging events, status) run in a transaction that sets the tenant first.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from episodic.store.attempts import (
     Claim,
     CompactionQueueEntry,
     CompactionStatus,
+    StoreLayout,
 )
 from episodic.store.backend import (
     BoundaryPlanner,
@@ -47,6 +47,13 @@ from episodic.store.backend import (
 )
 from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite
+from episodic.store.citus import (
+    CITUS_INSTALLED,
+    DEFAULT_SHARD_COUNT,
+    LAYOUT,
+    WORKER_NODES,
+    on_node,
+)
 from episodic.store.coalesce import AppendCoalescer, CallRolledBack
 from episodic.store.codec import (
     EVENT_COLUMNS,
@@ -233,13 +240,10 @@ READ_HEAD = named_call(
     "episodic_head", ("p_conversation_id", "p_scope"), columns="*, now() AS database_now"
 )
 
-READ_TAIL_AFTER = (
-    named_call(
-        "episodic_load_tail",
-        ("p_conversation_id", "p_after_seq", "p_scope"),
-        columns=EVENT,
-    )
-    + " WHERE o_seq IS NOT NULL"
+# With no WHERE over its rows (the row without an event, when none is after the cut, is
+# skipped in Python): Citus delegates a function call only when nothing filters its result.
+READ_TAIL_AFTER = named_call(
+    "episodic_load_tail", ("p_conversation_id", "p_after_seq", "p_scope"), columns=EVENT
 )
 
 WRITE_BOUNDARY = named_call(
@@ -270,46 +274,21 @@ WRITE_EVENT = named_call(
     ),
 )  # fmt: skip
 
-# Claims in one statement: SKIP LOCKED lets any number of workers share the queue without
-# waiting on each other or on appends that hold a head row.
-CLAIM = """
-WITH next AS (
-    SELECT conversation_id
-      FROM episodic_conversations
-     WHERE due_since IS NOT NULL AND dead_since IS NULL AND next_attempt_at <= now()
-       AND deleted_at IS NULL
-       AND (lease_expires_at IS NULL OR lease_expires_at <= now())
-       AND ($4::text IS NULL OR tenant_id = $4)
-     ORDER BY next_attempt_at
-     LIMIT $1
-       FOR UPDATE SKIP LOCKED
+# Claims (sql/schema.sql): one call each, holding no lock across conversations.
+CLAIM_COLUMNS = (
+    "o_conversation_id AS conversation_id, o_tenant_id AS tenant_id, "
+    "o_lease_token AS lease_token, o_lease_expires_at AS lease_expires_at, "
+    "o_compaction_attempts AS compaction_attempts, o_due_reason AS due_reason, "
+    "o_boundary_seq AS boundary_seq, o_claimed_at AS claimed_at"
 )
-UPDATE episodic_conversations c
-   SET lease_owner = $2,
-       lease_token = gen_random_uuid(),
-       lease_expires_at = now() + make_interval(secs => $3),
-       compaction_attempts = c.compaction_attempts + 1
-  FROM next
- WHERE c.conversation_id = next.conversation_id
-RETURNING c.conversation_id, c.tenant_id, c.lease_token, c.lease_expires_at,
-          c.compaction_attempts, c.due_reason, c.boundary_seq, now() AS claimed_at
-"""
-
-CLAIM_CONVERSATION = """
-UPDATE episodic_conversations
-   SET lease_owner = $2,
-       lease_token = gen_random_uuid(),
-       lease_expires_at = now() + make_interval(secs => $3),
-       compaction_attempts = compaction_attempts + 1,
-       due_since = COALESCE(due_since, now()),
-       due_reason = $4,
-       next_attempt_at = now(),
-       dead_since = NULL
- WHERE conversation_id = $1 AND (lease_expires_at IS NULL OR lease_expires_at <= now())
-   AND ($5::text IS NULL OR tenant_id = $5) AND deleted_at IS NULL
-RETURNING conversation_id, tenant_id, lease_token, lease_expires_at, compaction_attempts,
-          due_reason, boundary_seq, now() AS claimed_at
-"""
+CLAIM = named_call(
+    "episodic_claim", ("p_limit", "p_owner", "p_lease_seconds", "p_scope"), columns=CLAIM_COLUMNS
+)
+CLAIM_CONVERSATION = named_call(
+    "episodic_claim_conversation",
+    ("p_conversation_id", "p_owner", "p_lease_seconds", "p_reason", "p_scope"),
+    columns=CLAIM_COLUMNS,
+)
 
 DUE_CHANNEL = "episodic_due"
 
@@ -430,6 +409,8 @@ class PostgresBackend:
         connect: Callable[..., Awaitable[asyncpg.Connection]],
         tenant: str | None = None,
         appends: AppendCoalescer[AppendRequest, AppendKey, WriteOutcome] | None = None,
+        citus_shard_count: int = DEFAULT_SHARD_COUNT,
+        distributed: bool = False,
     ) -> None:
         self._url = url
         self._pool = pool
@@ -440,10 +421,22 @@ class PostgresBackend:
         #: episodic_all_tenants member). Else every statement runs under this tenant.
         self.tenant = tenant
         self.location = url.masked
+        self._citus_shard_count = citus_shard_count
+        #: the database has the citus extension: its tables are (or will be, once migrated)
+        #: distributed, and its delegated calls run on the worker nodes
+        self.distributed = distributed
 
     def for_tenant(self, tenant: str) -> PostgresBackend:
         """The same pool, every operation scoped to ``tenant``."""
-        return PostgresBackend(self._url, self._pool, self._connect, tenant, self._appends)
+        return PostgresBackend(
+            self._url,
+            self._pool,
+            self._connect,
+            tenant,
+            self._appends,
+            self._citus_shard_count,
+            self.distributed,
+        )
 
     @asynccontextmanager
     async def _session(self) -> AsyncIterator[asyncpg.Connection]:
@@ -467,6 +460,7 @@ class PostgresBackend:
         server_settings: dict[str, str] | None = None,
         connect_timeout: float = 10.0,
         append_calls: int = 2,
+        citus_shard_count: int = DEFAULT_SHARD_COUNT,
     ) -> PostgresBackend:
         connect = _connector(url.masked, connect_timeout)
         dsn = url.asyncpg
@@ -482,8 +476,20 @@ class PostgresBackend:
 
         with translated_errors():
             pool = await Pool.open(pooled, min_size=min_size, max_size=max_size)
-        appends = _coalescer(pool, append_calls) if append_calls > 0 else None
-        return cls(url, pool, connect, appends=appends)
+            distributed = bool(await pool.fetchval(CITUS_INSTALLED))
+        # On Citus each append is its own call, delegated to the node holding its
+        # conversation; a coalesced call spans conversations, so it would run on the
+        # coordinator and route every statement of every append from there.
+        coalesce = append_calls > 0 and not distributed
+        appends = _coalescer(pool, append_calls) if coalesce else None
+        return cls(
+            url,
+            pool,
+            connect,
+            appends=appends,
+            citus_shard_count=citus_shard_count,
+            distributed=distributed,
+        )
 
     async def migrate(self) -> SchemaMigration:
         engine = create_async_engine(
@@ -491,7 +497,7 @@ class PostgresBackend:
         )
         try:
             with translated_errors():
-                return await upgrade_to_head(engine)
+                return await upgrade_to_head(engine, citus_shard_count=self._citus_shard_count)
         finally:
             await engine.dispose()
 
@@ -776,8 +782,11 @@ class PostgresBackend:
             return True, None
         # The tail was read a moment after the head: keep it consistent with the head read
         # (the conditional write refuses if the head moved, and the loop plans again).
+        last = head["last_seq"]
         tail = [
-            decode_event_row(conversation_id, row) for row in rows if row["seq"] <= head["last_seq"]
+            decode_event_row(conversation_id, row)
+            for row in rows
+            if row["seq"] is not None and row["seq"] <= last
         ]
         write = planner.plan(decode_head_state(head), tail, head["database_now"])
         event, after = write.event, write.counters
@@ -827,7 +836,11 @@ class PostgresBackend:
         rows = await connection.fetch(READ_TAIL_AFTER, conversation_id, None, self.tenant)
         state = decode_head_state(head)
         last = state.counters.last_seq
-        tail = [decode_event_row(conversation_id, row) for row in rows if row["seq"] <= last]
+        tail = [
+            decode_event_row(conversation_id, row)
+            for row in rows
+            if row["seq"] is not None and row["seq"] <= last
+        ]
         planned = plan(state, tail, head["database_now"])
         if planned is None:
             return True, (True, None)
@@ -857,25 +870,21 @@ class PostgresBackend:
 
     async def claim(self, owner: str, limit: int, lease_seconds: float) -> list[Claim]:
         with translated_errors():
-            async with self._session() as connection:
-                rows = await connection.fetch(
-                    CLAIM, limit, owner, float(lease_seconds), self.tenant
-                )
+            rows = await self._pool.fetch(CLAIM, limit, owner, float(lease_seconds), self.tenant)
         return [_claim(row) for row in rows]
 
     async def claim_conversation(
         self, conversation_id: UUID, owner: str, lease_seconds: float, reason: str
     ) -> Claim | None:
         with translated_errors():
-            async with self._session() as connection:
-                row = await connection.fetchrow(
-                    CLAIM_CONVERSATION,
-                    conversation_id,
-                    owner,
-                    float(lease_seconds),
-                    reason,
-                    self.tenant,
-                )
+            row = await self._pool.fetchrow(
+                CLAIM_CONVERSATION,
+                conversation_id,
+                owner,
+                float(lease_seconds),
+                reason,
+                self.tenant,
+            )
         return _claim(row) if row is not None else None
 
     async def listen_for_due(self, wake: Callable[[], None]) -> Closer:
@@ -883,12 +892,34 @@ class PostgresBackend:
         # not carry (the pool gives them back as they are, with no reset: episodic leaves no
         # session state behind, its settings and advisory locks being transaction-local).
         # It is opened again when it is lost (store/listen.py).
+        # On Citus a delegated append runs, and so sends its NOTIFY, on the worker node that
+        # holds the conversation (when its transaction commits there): one listener per node.
         dsn = self._url.asyncpg
         assert dsn is not None
-        listener = DueListener(lambda: self._connect(dsn), DUE_CHANNEL, wake)
+        dsns = [dsn]
         with translated_errors():
-            await listener.start()
-        return listener.close
+            if self.distributed:
+                nodes = await self._pool.fetch(WORKER_NODES)
+                dsns += [on_node(dsn, row["nodename"], row["nodeport"]) for row in nodes]
+            listeners = [
+                DueListener(self._listener_connect(one), DUE_CHANNEL, wake) for one in dsns
+            ]
+            try:
+                for listener in listeners:
+                    await listener.start()
+            except BaseException:
+                for listener in listeners:
+                    await listener.close()
+                raise
+
+        async def close() -> None:
+            for listener in listeners:
+                await listener.close()
+
+        return close
+
+    def _listener_connect(self, dsn: str) -> Callable[[], Awaitable[asyncpg.Connection]]:
+        return lambda: self._connect(dsn)
 
     async def end_attempt(
         self, claim: Claim, end: AttemptEnd, attempt: AttemptRecord
@@ -918,6 +949,9 @@ class PostgresBackend:
                 counts = await connection.fetchrow(STATUS, self.tenant)
                 queue = await connection.fetch(QUEUE, limit, self.tenant)
                 attempts = await connection.fetch(RECENT_ATTEMPTS, recent, self.tenant)
+            layout = StoreLayout()
+            if self.distributed:
+                layout = StoreLayout.model_validate(dict(await self._pool.fetchrow(LAYOUT)))
         return CompactionStatus(
             due=counts["due"],
             leased=counts["leased"],
@@ -925,6 +959,7 @@ class PostgresBackend:
             dead=counts["dead"],
             conversations=[CompactionQueueEntry.model_validate(dict(row)) for row in queue],
             recent_attempts=[dict(row) for row in attempts],
+            layout=layout,
         )
 
     async def load_tail(self, conversation_id: UUID, *, with_events: bool) -> Tail | None:

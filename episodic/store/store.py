@@ -173,6 +173,7 @@ class EpisodicStore:
                 },
                 connect_timeout=settings.connect_timeout_seconds,
                 append_calls=settings.append_calls,
+                citus_shard_count=settings.citus_shard_count,
             )
         else:
             backend = await SqliteBackend.connect(parsed)
@@ -840,8 +841,9 @@ class EpisodicStore:
 
     async def claim_due(self, owner: str, *, limit: int, lease_seconds: float) -> list[Claim]:
         """Lease up to ``limit`` conversations due for compaction and count the attempt, in
-        one statement (``FOR UPDATE SKIP LOCKED`` on PostgreSQL): any number of workers can
-        share the queue, and a crashed worker's lease simply expires. ``lease_seconds`` is
+        one call (on PostgreSQL each candidate is leased with ``FOR UPDATE SKIP LOCKED`` on its
+        own row, also on Citus): any number of workers can share the queue without waiting
+        on each other, and a crashed worker's lease simply expires. ``lease_seconds`` is
         above 0 and at most :data:`MAX_LEASE_SECONDS` (a week); ``limit`` at most 10,000."""
         await self._ready()
         check_lease(owner, lease_seconds)

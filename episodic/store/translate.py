@@ -7,6 +7,7 @@ generic error would make it harder to diagnose.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -103,6 +104,25 @@ def connection_refused(exc: BaseException, url: str) -> DatabaseUnavailableError
     return None
 
 
+# Citus relays a worker's violation as text only, naming the shard's copy of the constraint
+# (the table's name with the shard id appended, as the shard's).
+_VIOLATION = re.compile(
+    r'relation "(?P<relation>[^"]+)" violates [a-z ]*constraint "(?P<constraint>[^"]+)"'
+)
+_SHARD_SUFFIX = re.compile(r"_(\d+)$")
+
+
+def _constraint_in_message(message: str) -> str | None:
+    found = _VIOLATION.search(message)
+    if found is None:
+        return None
+    constraint = found["constraint"]
+    shard = _SHARD_SUFFIX.search(found["relation"])
+    if shard is not None and constraint.endswith(shard.group(0)):
+        constraint = constraint[: -len(shard.group(0))]
+    return constraint
+
+
 def _translate(exc: BaseException, url: str | None) -> BaseException | None:
     if isinstance(exc, EpisodicError):
         return None  # already ours (a refused connection, translated where it was made)
@@ -116,6 +136,8 @@ def _translate(exc: BaseException, url: str | None) -> BaseException | None:
             constraint = getattr(exc, "constraint_name", None) or getattr(
                 getattr(exc, "orig", None), "constraint_name", None
             )
+            if not isinstance(constraint, str):
+                constraint = _constraint_in_message(str(exc))
             return IntegrityViolationError(
                 f"the database refused the write ({_one_line(exc)}): episodic's tables were "
                 "probably changed outside episodic; nothing was written",

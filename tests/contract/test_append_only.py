@@ -83,6 +83,7 @@ async def test_an_unexpected_constraint_on_append_is_a_typed_error(
     assert await snapshot(database_url) == before
 
 
+@pytest.mark.alters_schema
 async def test_an_unexpected_constraint_on_create_is_a_typed_error(
     store: EpisodicStore, database_url: str, backend: str
 ) -> None:

@@ -18,6 +18,7 @@ from episodic.policy import EpisodicCompactionConfig
 from episodic.store.due import due_reason
 from episodic.store.projection import HeadCounters
 from tests.support import asyncpg_dsn
+from tests.support_citus import node_port_of, nodes_of
 
 
 def _with_trigger(store: EpisodicStore, **thresholds: int | None) -> EpisodicStore:
@@ -79,24 +80,30 @@ async def test_bad_overrides_are_refused(store: EpisodicStore, metadata: dict[st
 
 
 async def test_becoming_due_notifies_postgres_listeners(pg_store: EpisodicStore) -> None:
+    """On Citus the NOTIFY is sent where the delegated append ran, so every node is heard."""
     _with_trigger(pg_store, trigger_unfinished_turns=1)
     url = pg_store._backend._url.asyncpg  # type: ignore[attr-defined]
-    listener = await asyncpg.connect(url)
     received: asyncio.Queue[str] = asyncio.Queue()
-    await listener.add_listener("episodic_due", lambda *args: received.put_nowait(args[3]))
+    listeners = [await asyncpg.connect(dsn) for dsn in await nodes_of(url)]
+    for listener in listeners:
+        await listener.add_listener("episodic_due", lambda *args: received.put_nowait(args[3]))
     try:
         conv = await pg_store.create_conversation()
         await pg_store.append(conv, [Message.user("go")])
         assert await asyncio.wait_for(received.get(), timeout=5) == str(conv)
         await pg_store.append(conv, [Message.user("again")])  # already due: no second wake-up
-        # A barrier, not a sleep: notifications arrive in commit order, so once a later
+        # A barrier, not a sleep: notifications arrive in commit order (on each node: so the
+        # later conversation is one that lives where conv does), so once a later
         # conversation's wake-up is here, a second one for conv would have come before it.
         later = await pg_store.create_conversation()
+        while await node_port_of(url, later) != await node_port_of(url, conv):
+            later = await pg_store.create_conversation()
         await pg_store.append(later, [Message.user("go")])
         assert await asyncio.wait_for(received.get(), timeout=5) == str(later)
         assert received.empty()
     finally:
-        await listener.close()
+        for listener in listeners:
+            await listener.close()
 
 
 counts = st.integers(0, 80)

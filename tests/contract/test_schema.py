@@ -11,6 +11,7 @@ names the object.
 from __future__ import annotations
 
 import difflib
+import re
 import uuid
 from collections.abc import AsyncIterator
 
@@ -97,6 +98,11 @@ CATALOG = {
 }
 
 
+#: A Citus shard placement on this node (episodic_erasures_102024, its constraints and
+#: triggers): the distribution's copy of a table, not part of the schema.
+SHARD = re.compile(r"^episodic_[a-z_]+_\d+\b")
+
+
 async def catalog(url: str) -> dict[str, str]:
     """The database's episodic objects: ``"kind name"`` to its definition."""
     connection = await asyncpg.connect(asyncpg_dsn(url))
@@ -104,7 +110,8 @@ async def catalog(url: str) -> dict[str, str]:
         objects = {}
         for kind, query in CATALOG.items():
             for name, description in await connection.fetch(query, LIKE):
-                objects[f"{kind} {name}"] = description
+                if not SHARD.match(name):
+                    objects[f"{kind} {name}"] = description
         return objects
     finally:
         await connection.close()

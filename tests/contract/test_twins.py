@@ -175,7 +175,9 @@ async def _head_row(connection: asyncpg.Connection, conv: UUID, trigger: Episodi
                     now: datetime) -> Any:  # fmt: skip
     """The head, and what episodic_trigger_reason says of it at ``now``."""
     return await connection.fetchrow(
-        "SELECT c.*, episodic_trigger_reason(c, $2::jsonb, $3) AS sql_reason"
+        # ROW(c.*) cast to the table's type: on Citus, ``c`` is a shard's row type.
+        "SELECT c.*, episodic_trigger_reason(ROW(c.*)::episodic_conversations, $2::jsonb, $3)"
+        "       AS sql_reason"
         "  FROM episodic_conversations c WHERE conversation_id = $1",
         conv,
         orjson.dumps(trigger_document(trigger)).decode(),

@@ -13,6 +13,7 @@ import asyncpg
 from episodic import EpisodicStore, Message
 from episodic.policy import EpisodicCompactionConfig
 from tests.support import asyncpg_dsn
+from tests.support_citus import nodes_of
 
 
 async def _wait_for(condition: Callable[[], bool], within: float) -> float:
@@ -31,34 +32,41 @@ async def test_a_terminated_listener_listens_again_and_still_wakes_a_worker(
     wakes: list[float] = []
     close = await pg_store.listen_for_due(lambda: wakes.append(time.monotonic()))
     assert close is not None
-    admin = await asyncpg.connect(asyncpg_dsn(postgres_url))
+    # on Citus a listener per node (a delegated append notifies on its conversation's node)
+    nodes = await nodes_of(asyncpg_dsn(postgres_url))
+    admins = [await asyncpg.connect(node) for node in nodes]
     try:
         first = await pg_store.create_conversation()
         await pg_store.append(first, [Message.user("due at once")])
         await _wait_for(lambda: len(wakes) == 1, within=1.0)
 
-        # the listener's backend: the one session of this database waiting in LISTEN
-        pids = await admin.fetch(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND query LIKE 'LISTEN%' AND pid <> pg_backend_pid()"
-        )
-        assert len(pids) == 1
-        await admin.execute("SELECT pg_terminate_backend($1)", pids[0]["pid"])
-        # listening again wakes the worker once (what became due meanwhile was announced to
-        # nobody); then it hears the next conversation become due
-        await _wait_for(lambda: len(wakes) == 2, within=1.0)
-        relistened = await admin.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND query LIKE 'LISTEN%' AND pid <> $1",
-            pids[0]["pid"],
-        )
-        assert relistened == 1
+        # each listener's backend: the one session of this database on its node in LISTEN
+        terminated = []
+        for admin in admins:
+            pids = await admin.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND query LIKE 'LISTEN%' AND pid <> pg_backend_pid()"
+            )
+            assert len(pids) == 1
+            terminated.append(pids[0]["pid"])
+            await admin.execute("SELECT pg_terminate_backend($1::integer)", pids[0]["pid"])
+        # listening again wakes the worker once per listener (what became due meanwhile was
+        # announced to nobody); then it hears the next conversation become due
+        await _wait_for(lambda: len(wakes) == 1 + len(admins), within=1.0)
+        for admin, pid in zip(admins, terminated, strict=True):
+            relistened = await admin.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND query LIKE 'LISTEN%' AND pid <> $1",
+                pid,
+            )
+            assert relistened == 1
         second = await pg_store.create_conversation()
         appended = time.monotonic()
         await pg_store.append(second, [Message.user("due after the reconnect")])
-        waited = await _wait_for(lambda: len(wakes) == 3, within=1.0)
-        assert wakes[2] >= appended
+        waited = await _wait_for(lambda: len(wakes) == 2 + len(admins), within=1.0)
+        assert wakes[-1] >= appended
         print(f"\nwoken {waited * 1000:.0f} ms after the append that followed the reconnect")
     finally:
-        await admin.close()
+        for admin in admins:
+            await admin.close()
         await close()

@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 
 from episodic import EpisodicStore
 from episodic.settings import EpisodicSettings
+from tests.conftest import create_database, drop_database
 from tests.support import asyncpg_dsn
 
 OWNER = "episodic_test_owner"
@@ -89,9 +90,9 @@ async def rls_database(server: str) -> AsyncIterator[RlsDatabase]:
     admin = await asyncpg.connect(asyncpg_dsn(server))
     try:
         await _ensure_roles(admin)
-        await admin.execute(f'CREATE DATABASE "{name}" OWNER {OWNER}')
     finally:
         await admin.close()
+    await create_database(server, name, owner=OWNER)
     database = RlsDatabase(server, name)
     try:
         store = await EpisodicStore.open(database.url(OWNER), settings=settings())
@@ -101,11 +102,7 @@ async def rls_database(server: str) -> AsyncIterator[RlsDatabase]:
             await store.close()
         yield database
     finally:
-        admin = await asyncpg.connect(asyncpg_dsn(server))
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+        await drop_database(server, name)
 
 
 def settings(**overrides: object) -> EpisodicSettings:

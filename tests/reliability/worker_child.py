@@ -59,6 +59,7 @@ from sqlalchemy.engine import make_url
 from episodic import EpisodicStore
 from episodic.settings import EpisodicSettings
 from episodic.store.backend import BoundaryPlanner
+from episodic.store.citus import CITUS_INSTALLED
 from episodic.store.postgres import PostgresBackend
 from episodic.summarizers import SummarizerError, SummaryResult
 from episodic.summarizers.classify import summarizer_error
@@ -67,6 +68,17 @@ from episodic.worker import CompactionOptions, CompactionWorker
 REPO = Path(__file__).resolve().parents[2]
 POINTS = ("after_claim", "during_llm", "after_llm", "during_write", "after_write")
 WRITE_VARIANTS = ("planned", "in_flight")
+WAITING_ON_LOCK = (
+    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+    "AND application_name = $1 AND wait_event_type = 'Lock'"
+)
+#: On Citus the delegated write waits on the worker node holding the head, in a backend that
+#: shares the global pid of the child's coordinator session.
+WAITING_ON_LOCK_CITUS = (
+    "SELECT pid FROM citus_stat_activity WHERE wait_event_type = 'Lock' AND global_pid IN "
+    "(SELECT global_pid FROM citus_stat_activity WHERE datname = current_database() "
+    "AND application_name = $1 AND NOT is_worker_query)"
+)
 
 
 def with_application_name(url: str, application_name: str) -> str:
@@ -356,6 +368,9 @@ async def _in_flight_write(
     dsn = plain_dsn(child.spec["url"])
     locker = await asyncpg.connect(dsn, server_settings={"application_name": "locker"})
     watcher = await asyncpg.connect(dsn, server_settings={"application_name": "watcher"})
+    waiting_on_lock = (
+        WAITING_ON_LOCK_CITUS if await watcher.fetchval(CITUS_INSTALLED) else WAITING_ON_LOCK
+    )
     transaction = locker.transaction()
     await transaction.start()
     await locker.execute(
@@ -364,13 +379,9 @@ async def _in_flight_write(
     write = asyncio.ensure_future(original(backend, *args, **kwargs))
     deadline = time.monotonic() + 3.0
     while time.monotonic() < deadline and not write.done():
-        waiting = await watcher.fetchrow(
-            # Whatever form the write takes (a CTE, a function call), it is the only statement
-            # of this child that can wait on the head's row lock.
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name = $1 AND wait_event_type = 'Lock'",
-            child.name,
-        )
+        # Whatever form the write takes (a CTE, a function call), it is the only statement
+        # of this child that can wait on the head's row lock.
+        waiting = await watcher.fetchrow(waiting_on_lock, child.name)
         if waiting is not None:
             report(
                 "paused",

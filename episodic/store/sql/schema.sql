@@ -231,13 +231,24 @@ BEGIN
 END
 $$;
 
--- Whether this transaction wrote the conversation's tombstone: the one way its rows may go.
+-- Whether this transaction is erasing the conversation: the erasure function marked it so
+-- (episodic.erasing) and, on one server, wrote its tombstone with this transaction's id. A
+-- shard's trigger on Citus cannot query the ledger (a query from inside a shard's statement),
+-- so there the mark, which only the erasure function sets, is the check.
 CREATE FUNCTION episodic_erasing(p_conversation_id uuid) RETURNS boolean
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     AS $fn$
-    SELECT EXISTS (SELECT FROM episodic_erasures e
+BEGIN
+    IF current_setting('episodic.erasing', true) IS DISTINCT FROM p_conversation_id::text THEN
+        RETURN false;
+    END IF;
+    IF current_setting('citus.propagate_set_commands', true) IS NOT NULL THEN
+        RETURN true;
+    END IF;
+    RETURN EXISTS (SELECT FROM episodic_erasures e
                     WHERE e.conversation_id = p_conversation_id
-                      AND e.erased_xid = pg_current_xact_id()::text::bigint)
+                      AND e.erased_xid = pg_current_xact_id()::text::bigint);
+END
 $fn$;
 
 -- DELETE on the log and the attempts ledger: refused, as any change, unless the erasure path
@@ -441,14 +452,30 @@ GRANT UPDATE (deleted_at) ON episodic_conversations TO episodic_eraser;
 
 -- The tenant a scoped caller acts for; NULL (an unscoped caller, whose role decides what it
 -- sees) leaves the transaction as it is.
+-- A transaction-local setting that reaches every statement of the transaction, wherever it
+-- runs: on Citus a SET LOCAL that Citus forwards to the nodes (set_config stays on the node
+-- that ran it, so a statement routed to a worker would see no tenant, and no rows).
+CREATE FUNCTION episodic_set_local(p_name text, p_value text) RETURNS void
+    LANGUAGE plpgsql
+    AS $fn$
+BEGIN
+    IF current_setting('citus.propagate_set_commands', true) IS NULL THEN
+        PERFORM set_config(p_name, p_value, true);
+    ELSE
+        PERFORM set_config('citus.propagate_set_commands', 'local', true);
+        EXECUTE format('SET LOCAL %s = %L', p_name, p_value);
+    END IF;
+END
+$fn$;
+
 CREATE FUNCTION episodic_set_tenant(p_tenant text) RETURNS void
     LANGUAGE plpgsql
     AS $fn$
 BEGIN
     IF p_tenant IS NOT NULL THEN
-        -- is_local = true: the setting ends with the transaction, so a pooled connection
+        -- transaction-local: the setting ends with the transaction, so a pooled connection
         -- never carries one request's tenant into the next.
-        PERFORM set_config('episodic.tenant_id', p_tenant, true);
+        PERFORM episodic_set_local('episodic.tenant_id', p_tenant);
     END IF;
 END
 $fn$;
@@ -566,7 +593,10 @@ BEGIN
         SELECT * FROM episodic_conversations c
          WHERE c.due_since IS NULL AND c.dead_since IS NULL AND c.deleted_at IS NULL
            AND c.last_seq > COALESCE(c.boundary_seq, 0)
-           AND episodic_trigger_reason(c, p_trigger, now()) IS NOT NULL
+           -- the row as the heads' type: on Citus the scan runs on each shard, whose rows
+           -- are of the shard's own type
+           AND episodic_trigger_reason(ROW(c.*)::episodic_conversations, p_trigger, now())
+               IS NOT NULL
     LOOP
         IF episodic_mark_due(v_head, p_trigger) THEN
             RETURN NEXT v_head.conversation_id;
@@ -1207,6 +1237,111 @@ $fn$;
 
 
 -- ==== The compaction worker =================================================================
+-- Claiming holds no lock across conversations, so it is the same on one server and on Citus
+-- (which refuses FOR UPDATE across shards): candidates picked without locks, then each leased
+-- on its own row, skipped if another worker holds that row, re-checked once locked. The
+-- token is drawn into a variable and the lease's time is the function's, never a volatile
+-- call or a now() in an UPDATE's RETURNING. One call from the client either way.
+CREATE FUNCTION episodic_claim(
+    p_owner text,
+    p_limit integer,
+    p_lease_seconds double precision,
+    p_scope text DEFAULT NULL::text
+) RETURNS TABLE(o_conversation_id uuid, o_tenant_id text, o_lease_token uuid,
+                o_lease_expires_at timestamp with time zone, o_compaction_attempts integer,
+                o_due_reason text, o_boundary_seq bigint,
+                o_claimed_at timestamp with time zone)
+    LANGUAGE plpgsql
+    AS $fn$
+DECLARE
+    v_candidates uuid[];
+    v_tried uuid[] := '{}';
+    v_last_pick boolean;
+    v_id uuid;
+BEGIN
+    PERFORM episodic_set_tenant(p_scope);
+    WHILE p_limit > 0 LOOP
+        -- Twice what is left to claim, none tried before: a candidate another worker is
+        -- leasing is skipped, not waited for, and the next pick looks past it (so workers
+        -- claiming at once do not leave each other short).
+        SELECT array_agg(n.conversation_id ORDER BY n.next_attempt_at) INTO v_candidates
+          FROM (SELECT c.conversation_id, c.next_attempt_at FROM episodic_conversations c
+                 WHERE c.due_since IS NOT NULL AND c.dead_since IS NULL
+                   AND c.deleted_at IS NULL AND c.next_attempt_at <= now()
+                   AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+                   AND (p_scope IS NULL OR c.tenant_id = p_scope)
+                   AND NOT c.conversation_id = ANY (v_tried)
+                 ORDER BY c.next_attempt_at
+                 LIMIT 2 * p_limit) AS n;
+        EXIT WHEN v_candidates IS NULL;
+        v_tried := v_tried || v_candidates;
+        -- a short pick saw every candidate there is: no other pick after this one
+        v_last_pick := cardinality(v_candidates) < 2 * p_limit;
+        FOREACH v_id IN ARRAY v_candidates LOOP
+            EXIT WHEN p_limit <= 0;
+            PERFORM FROM episodic_conversations c
+              WHERE c.conversation_id = v_id
+                AND c.due_since IS NOT NULL AND c.dead_since IS NULL
+                AND c.deleted_at IS NULL AND c.next_attempt_at <= now()
+                AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+                AND (p_scope IS NULL OR c.tenant_id = p_scope)
+                FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+            o_lease_token := gen_random_uuid();
+            UPDATE episodic_conversations c
+               SET lease_owner = p_owner, lease_token = o_lease_token,
+                   lease_expires_at = now() + make_interval(secs => p_lease_seconds),
+                   compaction_attempts = c.compaction_attempts + 1
+             WHERE c.conversation_id = v_id
+            RETURNING c.conversation_id, c.tenant_id, c.lease_expires_at,
+                      c.compaction_attempts, c.due_reason, c.boundary_seq
+                 INTO o_conversation_id, o_tenant_id, o_lease_expires_at,
+                      o_compaction_attempts, o_due_reason, o_boundary_seq;
+            o_claimed_at := now();
+            p_limit := p_limit - 1;
+            RETURN NEXT;
+        END LOOP;
+        EXIT WHEN v_last_pick;
+    END LOOP;
+END
+$fn$;
+
+-- One conversation, due or not, claimed by hand (`episodic compact ID`).
+CREATE FUNCTION episodic_claim_conversation(
+    p_conversation_id uuid,
+    p_owner text,
+    p_lease_seconds double precision,
+    p_reason text,
+    p_scope text DEFAULT NULL::text
+) RETURNS TABLE(o_conversation_id uuid, o_tenant_id text, o_lease_token uuid,
+                o_lease_expires_at timestamp with time zone, o_compaction_attempts integer,
+                o_due_reason text, o_boundary_seq bigint,
+                o_claimed_at timestamp with time zone)
+    LANGUAGE plpgsql
+    AS $fn$
+BEGIN
+    PERFORM episodic_set_tenant(p_scope);
+    o_lease_token := gen_random_uuid();
+    o_claimed_at := now();
+    UPDATE episodic_conversations c
+       SET lease_owner = p_owner, lease_token = o_lease_token,
+           lease_expires_at = o_claimed_at + make_interval(secs => p_lease_seconds),
+           compaction_attempts = c.compaction_attempts + 1,
+           due_since = LEAST(c.due_since, o_claimed_at),
+           due_reason = p_reason, next_attempt_at = o_claimed_at, dead_since = NULL
+     WHERE c.conversation_id = p_conversation_id
+       AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= o_claimed_at)
+       AND (p_scope IS NULL OR c.tenant_id = p_scope) AND c.deleted_at IS NULL
+    RETURNING c.conversation_id, c.tenant_id, c.lease_expires_at, c.compaction_attempts,
+              c.due_reason, c.boundary_seq
+         INTO o_conversation_id, o_tenant_id, o_lease_expires_at, o_compaction_attempts,
+              o_due_reason, o_boundary_seq;
+    IF FOUND THEN
+        RETURN NEXT;
+    END IF;
+END
+$fn$;
+
 -- A boundary is written optimistically: the worker reads the head and the tail, plans in
 -- Python without holding a lock, then writes in this one statement, which applies only if the
 -- head is still the one it planned on (same last seq, same boundary, lease still held).
@@ -1233,45 +1368,41 @@ CREATE FUNCTION episodic_write_boundary(
     LANGUAGE plpgsql
     AS $fn$
 DECLARE
-    v_written bigint;
+    v_tenant text;
 BEGIN
     PERFORM episodic_set_tenant(p_scope);
-    WITH head AS (
-        UPDATE episodic_conversations SET
-            last_seq = p_seq, boundary_seq = p_seq, covers_through_seq = p_covers_through_seq,
-            user_messages_since_boundary = p_user_messages_since_boundary,
-            run_completed_since_boundary = p_run_completed_since_boundary,
-            user_messages_since_run_completed = p_user_messages_since_run_completed,
-            context_tokens = p_context_tokens,
-            usage_input_tokens = NULL, tokens_since_usage = 0,
-            due_since = NULL, due_reason = NULL, lease_owner = NULL, lease_token = NULL,
-            lease_expires_at = NULL, compaction_attempts = 0, next_attempt_at = NULL,
-            last_error = NULL, dead_since = NULL, boundary_at = p_created_at
-         WHERE conversation_id = p_conversation_id
-           AND (p_scope IS NULL OR tenant_id = p_scope)
-           AND last_seq = p_planned_last_seq
-           AND boundary_seq IS NOT DISTINCT FROM p_planned_boundary_seq
-           AND (p_lease_token IS NULL
-                OR (lease_token = p_lease_token AND lease_expires_at > now()))
-        RETURNING tenant_id
-    ), boundary AS (
-        INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
-                                     token_estimate, payload)
-        SELECT p_conversation_id, p_seq, head.tenant_id, 'boundary', p_created_at,
-               p_token_estimate, p_payload
-          FROM head
-        RETURNING seq
-    ), attempt AS (
+    UPDATE episodic_conversations SET
+        last_seq = p_seq, boundary_seq = p_seq, covers_through_seq = p_covers_through_seq,
+        user_messages_since_boundary = p_user_messages_since_boundary,
+        run_completed_since_boundary = p_run_completed_since_boundary,
+        user_messages_since_run_completed = p_user_messages_since_run_completed,
+        context_tokens = p_context_tokens,
+        usage_input_tokens = NULL, tokens_since_usage = 0,
+        due_since = NULL, due_reason = NULL, lease_owner = NULL, lease_token = NULL,
+        lease_expires_at = NULL, compaction_attempts = 0, next_attempt_at = NULL,
+        last_error = NULL, dead_since = NULL, boundary_at = p_created_at
+     WHERE conversation_id = p_conversation_id
+       AND (p_scope IS NULL OR tenant_id = p_scope)
+       AND last_seq = p_planned_last_seq
+       AND boundary_seq IS NOT DISTINCT FROM p_planned_boundary_seq
+       AND (p_lease_token IS NULL
+            OR (lease_token = p_lease_token AND lease_expires_at > now()))
+    RETURNING tenant_id INTO v_tenant;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    INSERT INTO episodic_events (conversation_id, seq, tenant_id, kind, created_at,
+                                 token_estimate, payload)
+    VALUES (p_conversation_id, p_seq, v_tenant, 'boundary', p_created_at, p_token_estimate,
+            p_payload);
+    IF p_attempt IS NOT NULL THEN
         INSERT INTO episodic_compaction_attempts
         SELECT (jsonb_populate_record(
                     NULL::episodic_compaction_attempts,
-                    p_attempt || jsonb_build_object('tenant_id', head.tenant_id,
-                                                    'boundary_seq', p_seq))).*
-          FROM head
-         WHERE p_attempt IS NOT NULL
-    )
-    SELECT count(*) INTO v_written FROM boundary;
-    RETURN v_written;
+                    p_attempt || jsonb_build_object('tenant_id', v_tenant,
+                                                    'boundary_seq', p_seq))).*;
+    END IF;
+    RETURN 1;
 END
 $fn$;
 
@@ -1294,6 +1425,8 @@ CREATE FUNCTION episodic_end_attempt(
 DECLARE
     v_held boolean;
     v_outcome text;
+    v_next_attempt_at timestamp with time zone;
+    v_dead_since timestamp with time zone;
 BEGIN
     PERFORM episodic_set_tenant(p_scope);
     PERFORM FROM episodic_conversations c
@@ -1302,14 +1435,18 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 'gone';
     END IF;
+    -- The new times as values, not now() in a CASE: Citus plans the UPDATE for its shard and
+    -- refuses a non-immutable function there.
+    v_next_attempt_at := CASE WHEN p_clear_due THEN NULL
+                              ELSE now() + make_interval(secs => p_retry_in_seconds) END;
+    v_dead_since := CASE WHEN p_dead THEN now() END;
     UPDATE episodic_conversations
        SET lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
            due_since = CASE WHEN p_clear_due THEN NULL ELSE due_since END,
            due_reason = CASE WHEN p_clear_due THEN NULL ELSE due_reason END,
            compaction_attempts = CASE WHEN p_clear_due THEN 0 ELSE compaction_attempts END,
-           next_attempt_at = CASE WHEN p_clear_due THEN NULL
-                                  ELSE now() + make_interval(secs => p_retry_in_seconds) END,
-           dead_since = CASE WHEN p_dead THEN now() ELSE dead_since END,
+           next_attempt_at = v_next_attempt_at,
+           dead_since = COALESCE(v_dead_since, dead_since),
            last_error = p_attempt ->> 'error'
      WHERE conversation_id = p_conversation_id AND lease_token = p_lease_token
        AND tenant_id = p_attempt ->> 'tenant_id';
@@ -1372,6 +1509,7 @@ BEGIN
     VALUES (p_erasure_id, v_head.tenant_id, p_conversation_id, v_head.created_at, p_reason, 1,
             v_events, v_attempts, 0, now(), current_user, pg_current_xact_id()::text::bigint)
     RETURNING * INTO v_tombstone;
+    PERFORM episodic_set_local('episodic.erasing', p_conversation_id::text);
     DELETE FROM episodic_events e WHERE e.conversation_id = p_conversation_id;
     GET DIAGNOSTICS v_removed = ROW_COUNT;
     DELETE FROM episodic_compaction_attempts a WHERE a.conversation_id = p_conversation_id;
@@ -1403,7 +1541,7 @@ DECLARE
     v_tombstone episodic_erasures;
 BEGIN
     PERFORM episodic_set_tenant(p_tenant_id);
-    IF EXISTS (SELECT FROM episodic_conversations c WHERE c.tenant_id = p_tenant_id) THEN
+    IF EXISTS (SELECT 1 FROM episodic_conversations c WHERE c.tenant_id = p_tenant_id) THEN
         RAISE EXCEPTION 'tenant % still has conversations', p_tenant_id
             USING ERRCODE = 'EP409';
     END IF;
@@ -1421,7 +1559,7 @@ BEGIN
     DELETE FROM episodic_shared_state s WHERE s.tenant_id = p_tenant_id;
     -- Again, in a new snapshot: a conversation created meanwhile may have written the state
     -- just deleted (the DELETE waited for it); then its erasure comes first, and this again.
-    IF EXISTS (SELECT FROM episodic_conversations c WHERE c.tenant_id = p_tenant_id) THEN
+    IF EXISTS (SELECT 1 FROM episodic_conversations c WHERE c.tenant_id = p_tenant_id) THEN
         RAISE EXCEPTION 'tenant % still has conversations', p_tenant_id
             USING ERRCODE = 'EP409';
     END IF;
