@@ -1,4 +1,4 @@
-# The episodic worker and CLI, for docker-compose.yml and production deployments.
+# The episodic worker, HTTP server and CLI, for docker-compose.yml and production deployments.
 FROM python:3.11-slim
 # Log lines reach `docker logs` as they are written.
 ENV PYTHONUNBUFFERED=1
@@ -7,6 +7,6 @@ WORKDIR /app
 COPY pyproject.toml README.md LICENSE alembic.ini ./
 COPY episodic ./episodic
 COPY migrations ./migrations
-RUN pip install --no-cache-dir ".[openai,tiktoken]"
+RUN pip install --no-cache-dir ".[openai,tiktoken,server]"
 ENTRYPOINT ["episodic"]
 CMD ["--help"]

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import stat
 import sys
 import tempfile
@@ -64,6 +65,8 @@ OPTION_OF_SETTING = {
     "database_url": "--database-url",
     "worker_concurrency": "--concurrency",
     "metrics_port": "--metrics-port",
+    "server_host": "--host",
+    "server_port": "--port",
 }
 
 DatabaseUrlOption = Annotated[
@@ -641,6 +644,136 @@ def demo(
     from episodic.demo import run_demo
 
     asyncio.run(run_demo(directory, console=console, settings=_settings()))
+
+
+@app.command()
+def serve(
+    database_url: DatabaseUrlOption = None,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            envvar="EPISODIC_SERVER_HOST", show_envvar=True, help="Bind here. [default: 127.0.0.1]"
+        ),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            envvar="EPISODIC_SERVER_PORT", show_envvar=True, help="Listen here. [default: 8080]"
+        ),
+    ] = None,
+) -> None:
+    """Serve the store over HTTP (the episodic[server] extra): /v1 for API-key holders (keys
+    from `episodic keys create`), /docs and /openapi.json. Stops gracefully on SIGTERM."""
+    try:
+        import uvicorn
+
+        from episodic.server import create_app
+        from episodic.server.keys import KeyStore
+    except ImportError as exc:
+        raise _refused(
+            f"episodic serve needs the server extra: pip install 'episodic[server]' ({exc})"
+        ) from exc
+    settings = _settings(database_url=database_url, server_host=host, server_port=port)
+    _log_with_timestamps()
+
+    async def main() -> None:
+        store = await EpisodicStore.open(settings.database_url, settings=settings)
+        keys = KeyStore.open(settings.database_url)
+        app = create_app(
+            store, keys, max_body_bytes=settings.server_max_body_bytes, close_on_shutdown=True
+        )
+        config = uvicorn.Config(
+            app,
+            host=settings.server_host,
+            port=settings.server_port,
+            timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
+            log_config=None,
+        )
+        await uvicorn.Server(config).serve()
+
+    # uvicorn raises the signal again once it has shut down: exit 0 after a SIGTERM
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    asyncio.run(main())
+
+
+keys_app = typer.Typer(help="API keys of `episodic serve`: each is a tenant's.")
+app.add_typer(keys_app, name="keys")
+
+
+def _keys(work: Callable[[Any], Awaitable[T]], database_url: str | None) -> T:
+    from episodic.server.keys import KeyStore
+
+    settings = _settings(database_url=database_url)
+
+    async def main() -> T:
+        store = await EpisodicStore.open(settings.database_url, settings=settings)
+        try:
+            await store.list_conversations(limit=1)  # migrated? a clear error if not
+        finally:
+            await store.close()
+        keys = KeyStore.open(settings.database_url)
+        try:
+            return await work(keys)
+        finally:
+            await keys.close()
+
+    return asyncio.run(main())
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option("--tenant", help="The tenant the key acts as.")],
+    operator: Annotated[
+        bool, typer.Option("--operator", help="May also see every tenant's compaction status.")
+    ] = False,
+    label: Annotated[str | None, typer.Option(help="A note on what it is for.")] = None,
+    database_url: DatabaseUrlOption = None,
+) -> None:
+    """Make a key. It is printed once: only its hash is kept."""
+
+    async def work(keys: Any) -> tuple[Any, str]:
+        created: tuple[Any, str] = await keys.create(tenant, operator=operator, label=label)
+        return created
+
+    key, secret = _keys(work, database_url)
+    kind = "operator key" if key.operator else "key"
+    errors.print(Text(f"{kind} {key.key_id} for tenant {key.tenant_id} (shown once):"))
+    console.print(Text(secret))
+
+
+@keys_app.command("list")
+def keys_list(database_url: DatabaseUrlOption = None) -> None:
+    """The keys (never their secrets)."""
+
+    async def work(keys: Any) -> list[Any]:
+        listed: list[Any] = await keys.list()
+        return listed
+
+    table = _plain_table("key", "tenant", "operator", "label", "created", "revoked")
+    for key in _keys(work, database_url):
+        table.add_row(
+            key.key_id,
+            Text(shown(key.tenant_id, None)),
+            "yes" if key.operator else "",
+            Text(shown(key.label or "", None)),
+            key.created_at.strftime("%Y-%m-%d %H:%M"),
+            key.revoked_at.strftime("%Y-%m-%d %H:%M") if key.revoked_at else "",
+        )
+    console.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key's id (episodic keys list).")],
+    database_url: DatabaseUrlOption = None,
+) -> None:
+    """Revoke a key: requests with it get 401 from then on."""
+
+    async def work(keys: Any) -> Any:
+        return await keys.revoke(key_id)
+
+    key = _keys(work, database_url)
+    console.print(Text(f"revoked key {key.key_id} of tenant {key.tenant_id}"))
 
 
 async def _print_context(

@@ -197,6 +197,25 @@ class ErasureDeniedError(EpisodicError, PermissionError):
     owner) may. Nothing was erased."""
 
 
+class AuthenticationError(EpisodicError):
+    """The HTTP request carried no API key, or one that is unknown or revoked. Nothing was
+    read or written."""
+
+
+class OperatorRequiredError(EpisodicError, PermissionError):
+    """The API key is a tenant's, and the operation is an operator's (every tenant's
+    compaction status, compacting now): use a key made with ``episodic keys create
+    --operator``."""
+
+
+class ApiKeyNotFoundError(EpisodicError, LookupError):
+    """No API key has this id (``episodic keys list`` shows them)."""
+
+    def __init__(self, key_id: str) -> None:
+        super().__init__(f"no API key has the id {key_id!r} (episodic keys list shows them)")
+        self.key_id = key_id
+
+
 class ImportFormatError(ValidationError):
     """An export file that cannot be imported as it is: not an episodic export, an unknown
     format version, truncated, reordered or duplicated lines, a checksum or a head that does
@@ -266,6 +285,8 @@ class IntegrityViolationError(EpisodicError):
 
 
 __all__ = [
+    "ApiKeyNotFoundError",
+    "AuthenticationError",
     "ConfigurationError",
     "ConflictError",
     "ConversationDeletedError",
@@ -281,6 +302,7 @@ __all__ = [
     "LockTimeoutError",
     "MessageTooLargeError",
     "NotFoundError",
+    "OperatorRequiredError",
     "OrphanToolResultError",
     "SchemaNotMigratedError",
     "TenantDeniedError",

@@ -139,6 +139,17 @@ class EpisodicSettings(BaseSettings):
     metrics_port: int | None = Field(
         default=None, ge=1, le=65_535, description="Serve Prometheus metrics on this TCP port."
     )
+    server_host: str = Field(
+        default="127.0.0.1", min_length=1, description="`episodic serve`: the address to bind."
+    )
+    server_port: int = Field(
+        default=8080, ge=1, le=65_535, description="`episodic serve`: the TCP port."
+    )
+    server_max_body_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        description="`episodic serve`: larger request bodies are refused with 413.",
+    )
 
     @model_validator(mode="after")
     def _check_together(self) -> Self:

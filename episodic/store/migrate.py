@@ -32,6 +32,7 @@ REVISIONS = (
     "0011_state_listings_deletion",
     "0012_erasure",
     "0013_distributable",
+    "0014_api_keys",
 )
 HEAD_REVISION = REVISIONS[-1]
 

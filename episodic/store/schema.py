@@ -10,6 +10,7 @@ from __future__ import annotations
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -216,6 +217,21 @@ erasures = Table(
     Index("ix_episodic_erasures_tenant_id_erased_at", "tenant_id", "erased_at"),
 )
 
+# API keys of the HTTP server (`episodic keys`): each names a tenant, and an operator key may
+# also see every tenant's compaction status. Only a hash of the secret is kept; revoking
+# stamps revoked_at. Not a tenant table (the server reads it before it knows the tenant).
+api_keys = Table(
+    "episodic_api_keys",
+    metadata,
+    Column("key_id", Text(), primary_key=True),
+    Column("tenant_id", Text(), nullable=False),
+    Column("secret_sha256", Text(), nullable=False),
+    Column("operator", Boolean(), nullable=False),
+    Column("label", Text(), nullable=True),
+    Column("created_at", Timestamp, nullable=False),
+    Column("revoked_at", Timestamp, nullable=True),
+)
+
 #: Tables whose rows are never updated, and deleted only by an erasure (database triggers
 #: refuse anything else).
 APPEND_ONLY_TABLES = (events.name, compaction_attempts.name)
@@ -224,6 +240,7 @@ __all__ = [
     "APPEND_ONLY_TABLES",
     "EVENT_KINDS",
     "NAMING_CONVENTION",
+    "api_keys",
     "compaction_attempts",
     "conversations",
     "erasures",

@@ -187,6 +187,20 @@ CREATE TABLE episodic_compaction_attempts (
     CONSTRAINT pk_episodic_compaction_attempts PRIMARY KEY (conversation_id, attempt_id)
 );
 
+-- API keys of the HTTP server (`episodic keys`): a tenant each, operator or not, the secret
+-- kept only as its SHA-256; revoking stamps revoked_at. Not a tenant table: the server reads
+-- it before it knows the tenant.
+CREATE TABLE episodic_api_keys (
+    key_id text NOT NULL,
+    tenant_id text NOT NULL,
+    secret_sha256 text NOT NULL,
+    operator boolean NOT NULL,
+    label text,
+    created_at timestamp with time zone NOT NULL,
+    revoked_at timestamp with time zone,
+    CONSTRAINT pk_episodic_api_keys PRIMARY KEY (key_id)
+);
+
 -- The erasure ledger: one tombstone per erased conversation (and one per erased tenant, for
 -- its shared state), append-only. What was removed and why, never what it said: counts, no
 -- content. erased_xid is the erasing transaction's id: the delete triggers below let only the
@@ -441,6 +455,7 @@ GRANT SELECT, INSERT ON episodic_events, episodic_compaction_attempts TO episodi
 GRANT SELECT ON episodic_erasures
     TO episodic_app, episodic_worker, episodic_all_tenants, episodic_eraser;
 GRANT INSERT ON episodic_erasures TO episodic_eraser;
+GRANT SELECT ON episodic_api_keys TO episodic_app, episodic_all_tenants;
 GRANT SELECT, DELETE ON episodic_conversations, episodic_events, episodic_compaction_attempts,
     episodic_shared_state TO episodic_eraser;
 GRANT UPDATE (deleted_at) ON episodic_conversations TO episodic_eraser;

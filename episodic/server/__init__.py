@@ -1,0 +1,5 @@
+"""episodic over HTTP (``episodic serve``; the ``episodic[server]`` extra)."""
+
+from episodic.server.app import create_app
+
+__all__ = ["create_app"]

@@ -1,0 +1,360 @@
+"""The ASGI app: episodic's API over HTTP, on one :class:`EpisodicStore`.
+
+Routes mirror the library (create, get, list, append, events, load_context, run completed).
+Writes keep the library's guarantees and speak HTTP's own idioms: ``Idempotency-Key`` is the
+append's idempotency key (the same key and body replay the first result; another body is a
+422), ``If-Match`` carries the head's ETag (the last seq) as the expected seq (stale: 412),
+and every error is ``application/problem+json`` naming its ``episodic.errors`` class.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the routes' annotations, some of
+# them local to the function that makes the routes.
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from episodic import errors
+from episodic.server.keys import ApiKey, KeyStore
+from episodic.server.limits import BodyLimit
+from episodic.server.metrics import instrument
+from episodic.server.problems import PROBLEM_MEDIA_TYPE, Problem, error_problem, problem
+from episodic.server.schemas import (
+    AppendBatch,
+    Appended,
+    ContextFormat,
+    ConversationHead,
+    ConversationPage,
+    ErasureRequest,
+    EventPage,
+    Health,
+    LoadedContext,
+    NewConversation,
+)
+from episodic.store import EpisodicStore
+from episodic.store.attempts import CompactionStatus
+from episodic.store.erasure import Erasure
+
+#: the largest page a list or events request may ask for
+MAX_PAGE = 1_000
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+NDJSON = "application/x-ndjson"
+Page = Annotated[int, Query(ge=1, le=MAX_PAGE, description="at most this many")]
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": Problem, "description": description}
+    for code, description in (
+        (401, "no API key, or an unknown or revoked one"),
+        (404, "no such conversation (or another tenant's)"),
+        (409, "the write conflicts with the conversation's state"),
+        (413, "the body or a message is too large"),
+        (422, "the request is invalid"),
+        (503, "the database is unreachable or not migrated; see Retry-After"),
+    )
+}
+
+
+def etag(last_seq: int) -> str:
+    """A head's ETag: its last seq (what ``If-Match`` sends back as the expected seq)."""
+    return f'"{last_seq}"'
+
+
+def expected_seq(if_match: str | None) -> int | None:
+    if if_match is None:
+        return None
+    value = if_match.strip().removeprefix("W/").strip('"')
+    if not value.isdigit():
+        raise errors.ValidationError(
+            f'If-Match must be a head\'s ETag such as "12", not {if_match!r}', field="If-Match"
+        )
+    return int(value)
+
+
+class EpisodicApp(FastAPI):
+    """FastAPI, with its error responses documented as application/problem+json."""
+
+    def openapi(self) -> dict[str, Any]:
+        schema = super().openapi()
+        for item in schema.get("paths", {}).values():
+            for operation in item.values():
+                for code, response in operation.get("responses", {}).items():
+                    content = response.get("content", {})
+                    if code[0] in "45" and "application/json" in content:
+                        content[PROBLEM_MEDIA_TYPE] = content.pop("application/json")
+        return schema
+
+
+def create_app(
+    store: EpisodicStore,
+    keys: KeyStore,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    close_on_shutdown: bool = False,
+) -> FastAPI:
+    """The app serving ``store`` to the holders of ``keys``: each request is scoped to its
+    key's tenant (``store.for_tenant``), so PostgreSQL's row-level security applies to it.
+    ``close_on_shutdown``: close the store and the keys when the app shuts down."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if close_on_shutdown:
+                await store.close()
+                await keys.close()
+
+    app = EpisodicApp(
+        title="episodic",
+        summary="A durable, append-only history for AI-agent conversations.",
+        lifespan=lifespan,
+        responses=ERROR_RESPONSES,
+        separate_input_output_schemas=False,
+        generate_unique_id_function=lambda route: route.name,
+    )
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    instrument(app)
+    _handle_errors(app)
+    app.include_router(_routes(store, keys))
+    app.include_router(_health(store))
+    return app
+
+
+def _handle_errors(app: FastAPI) -> None:
+    async def episodic_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, errors.EpisodicError)
+        stale = isinstance(exc, errors.ConflictError) and "if-match" in request.headers
+        return error_problem(exc, instance=request.url.path, status=412 if stale else None)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        return problem(
+            exc.status_code,
+            exc.detail if isinstance(exc.detail, str) else None,
+            instance=request.url.path,
+            headers=dict(exc.headers or {}),
+        )
+
+    async def invalid_request(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        found = [
+            {
+                "pointer": "/" + "/".join(str(part) for part in error["loc"]),
+                "detail": error["msg"],
+            }
+            for error in exc.errors()
+        ]
+        return problem(
+            422,
+            "; ".join(f"{e['pointer']}: {e['detail']}" for e in found) or "invalid request",
+            kind="ValidationError",
+            instance=request.url.path,
+            errors=found,
+        )
+
+    app.add_exception_handler(errors.EpisodicError, episodic_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, invalid_request)
+
+
+def _routes(root: EpisodicStore, keys: KeyStore) -> APIRouter:
+    bearer = HTTPBearer(auto_error=False, description="an API key from `episodic keys create`")
+
+    async def key_of(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> ApiKey:
+        if credentials is None:
+            raise errors.AuthenticationError(
+                "no API key: send Authorization: Bearer <key> (episodic keys create makes one)"
+            )
+        return await keys.verify(credentials.credentials)
+
+    async def tenant_store(key: Annotated[ApiKey, Depends(key_of)]) -> EpisodicStore:
+        return root.for_tenant(key.tenant_id)
+
+    Store = Annotated[EpisodicStore, Depends(tenant_store)]
+    router = APIRouter(prefix="/v1", tags=["conversations"])
+
+    @router.post("/conversations", status_code=201, response_model=ConversationHead)
+    async def create_conversation(
+        store: Store, body: NewConversation, response: Response
+    ) -> ConversationHead:
+        """Start a conversation."""
+        cid = await store.create_conversation(
+            conversation_id=body.conversation_id, metadata=body.metadata
+        )
+        head = await _head(store, cid)
+        response.headers["Location"] = f"/v1/conversations/{cid}"
+        response.headers["ETag"] = etag(head.conversation.last_seq)
+        return head
+
+    @router.get("/conversations", response_model=ConversationPage)
+    async def list_conversations(
+        store: Store, limit: Page = 100, before: Annotated[UUID | None, Query()] = None
+    ) -> ConversationPage:
+        """Conversations, newest first, a page at a time."""
+        items = await store.list_conversations(limit=limit, before=before)
+        cursor = items[-1].conversation_id if len(items) == limit else None
+        return ConversationPage(items=items, next_before=cursor)
+
+    @router.get("/conversations/{conversation_id}", response_model=ConversationHead)
+    async def get_conversation(
+        store: Store, conversation_id: UUID, response: Response
+    ) -> ConversationHead:
+        """The head (counters, compaction state) and the compaction pressure."""
+        head = await _head(store, conversation_id)
+        response.headers["ETag"] = etag(head.conversation.last_seq)
+        return head
+
+    @router.post(
+        "/conversations/{conversation_id}/messages", status_code=201, response_model=Appended
+    )
+    async def append(
+        store: Store,
+        conversation_id: UUID,
+        body: AppendBatch,
+        response: Response,
+        idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+        if_match: Annotated[str | None, Header()] = None,
+    ) -> Appended:
+        """Append a batch of messages atomically."""
+        events = await store.append(
+            conversation_id,
+            body.messages,
+            idempotency_key=idempotency_key,
+            expected_seq=expected_seq(if_match),
+            usage=body.usage,
+        )
+        last = events[-1].seq
+        response.headers["ETag"] = etag(last)
+        return Appended(events=list(events), last_seq=last)
+
+    @router.get("/conversations/{conversation_id}/events", response_model=EventPage)
+    async def read_events(
+        store: Store,
+        conversation_id: UUID,
+        after_seq: Annotated[int, Query(ge=0)] = 0,
+        limit: Page = 100,
+    ) -> EventPage:
+        """The log itself, oldest first, a page at a time (audits and exports)."""
+        events = await store.read_events(conversation_id, after_seq=after_seq, limit=limit)
+        cursor = events[-1].seq if len(events) == limit else None
+        return EventPage(events=list(events), next_after_seq=cursor)
+
+    @router.get("/conversations/{conversation_id}/context", response_model=LoadedContext)
+    async def load_context(
+        store: Store,
+        conversation_id: UUID,
+        response: Response,
+        format: ContextFormat = "episodic",
+    ) -> LoadedContext:
+        """What the next model call should see."""
+        context = await store.load_context(conversation_id)
+        rendered: list[Any]
+        if format == "openai":
+            rendered = context.to_openai()
+        elif format == "responses":
+            rendered = context.to_responses()
+        elif format == "anthropic":
+            rendered = context.to_anthropic()
+        else:
+            rendered = [m.model_dump(mode="json", exclude_none=True) for m in context.messages]
+        response.headers["ETag"] = etag(context.last_seq)
+        return LoadedContext(
+            conversation_id=context.conversation_id,
+            format=format,
+            messages=rendered,
+            estimated_tokens=context.estimated_tokens,
+            last_seq=context.last_seq,
+            boundary_seq=context.boundary_seq,
+        )
+
+    @router.post(
+        "/conversations/{conversation_id}/run-completed", status_code=201, response_model=Appended
+    )
+    async def mark_run_completed(
+        store: Store, conversation_id: UUID, response: Response
+    ) -> Appended:
+        """Record that an agent run ended cleanly (its open tool calls are abandoned)."""
+        event = await store.mark_run_completed(conversation_id)
+        response.headers["ETag"] = etag(event.seq)
+        return Appended(events=[event], last_seq=event.seq)
+
+    @router.get(
+        "/conversations/{conversation_id}/export",
+        response_class=StreamingResponse,
+        responses={200: {"content": {NDJSON: {}}, "description": "the log as JSON lines"}},
+    )
+    async def export_conversation(store: Store, conversation_id: UUID) -> StreamingResponse:
+        """The whole log as JSON lines (episodic's export format, `episodic import` reads
+        it), streamed: a header line, every event, then the compaction attempts."""
+        lines = store.export_conversation(conversation_id)
+        first = await anext(lines)  # an unknown conversation is a 404, before any byte
+
+        async def body() -> AsyncIterator[str]:
+            yield first
+            async for line in lines:
+                yield line
+
+        return StreamingResponse(body(), media_type=NDJSON)
+
+    @router.post("/conversations/{conversation_id}/erase", response_model=Erasure)
+    async def erase_conversation(
+        key: Annotated[ApiKey, Depends(key_of)], conversation_id: UUID, body: ErasureRequest
+    ) -> Erasure:
+        """Remove the conversation and leave a tombstone (operator keys, in their tenant;
+        the server's database role must be a member of episodic_eraser)."""
+        _operator(key, "erasing a conversation")
+        return await root.for_tenant(key.tenant_id).erase_conversation(
+            conversation_id, reason=body.reason
+        )
+
+    @router.get("/compaction", response_model=CompactionStatus, tags=["operations"])
+    async def compaction_status(
+        key: Annotated[ApiKey, Depends(key_of)],
+        recent: Annotated[int, Query(ge=0, le=MAX_PAGE)] = 10,
+        limit: Page = 50,
+    ) -> CompactionStatus:
+        """Every tenant's compaction queue: due, leased, failing and dead conversations and
+        the latest attempts (operator keys only)."""
+        _operator(key, "compaction status")
+        return await root.compaction_status(recent=recent, limit=limit)
+
+    return router
+
+
+def _operator(key: ApiKey, what: str) -> None:
+    if not key.operator:
+        raise errors.OperatorRequiredError(
+            f"the key {key.key_id} is tenant {key.tenant_id!r}'s; {what} needs an operator "
+            "key (episodic keys create --operator)"
+        )
+
+
+async def _head(store: EpisodicStore, conversation_id: UUID) -> ConversationHead:
+    conversation = await store.get_conversation(conversation_id)
+    return ConversationHead(
+        conversation=conversation, pressure=await store.pressure(conversation_id)
+    )
+
+
+def _health(store: EpisodicStore) -> APIRouter:
+    router = APIRouter(tags=["operations"])
+
+    @router.get("/healthz", response_model=Health)
+    async def healthz() -> Health:
+        """The process is up."""
+        return Health(status="ok")
+
+    @router.get("/readyz", response_model=Health)
+    async def readyz() -> Health:
+        """The database is reachable and migrated (else 503)."""
+        await store.list_conversations(limit=1)
+        return Health(status="ok")
+
+    return router

@@ -1,0 +1,140 @@
+"""API keys: each names a tenant (and maybe an operator), is random, is shown once and kept
+only as a SHA-256 of its secret (a 256-bit random secret needs no slow hash: there is nothing
+to guess). A key reads ``ep_<key id>_<secret>``; the id finds the row, the hash is compared
+in constant time."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from episodic.errors import ApiKeyNotFoundError, AuthenticationError, ValidationError
+from episodic.store.engine import parse_database_url
+from episodic.store.schema import api_keys
+from episodic.store.translate import translated_errors
+
+PREFIX = "ep_"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """A key as listed: never its secret."""
+
+    key_id: str
+    tenant_id: str
+    operator: bool
+    label: str | None
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class KeyStore:
+    """The keys table of one database (its own small engine, beside the store's)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    @classmethod
+    def open(cls, url: str) -> KeyStore:
+        parsed = parse_database_url(url)
+        return cls(create_async_engine(parsed.sqlalchemy, pool_size=2, max_overflow=2)
+                   if parsed.dialect == "postgresql"
+                   else create_async_engine(parsed.sqlalchemy))  # fmt: skip
+
+    async def close(self) -> None:
+        await self._engine.dispose()
+
+    async def create(
+        self, tenant_id: str, *, operator: bool = False, label: str | None = None
+    ) -> tuple[ApiKey, str]:
+        """A new key and its full text (shown once: only its hash is stored)."""
+        if not tenant_id or not tenant_id.strip():
+            raise ValidationError("a key needs a tenant (--tenant T)", field="tenant")
+        key = ApiKey(
+            key_id=secrets.token_hex(8),
+            tenant_id=tenant_id,
+            operator=operator,
+            label=label,
+            created_at=datetime.now(UTC),
+            revoked_at=None,
+        )
+        secret = secrets.token_urlsafe(32)
+        with translated_errors():
+            async with self._engine.begin() as connection:
+                await connection.execute(
+                    insert(api_keys).values(
+                        key_id=key.key_id,
+                        tenant_id=key.tenant_id,
+                        secret_sha256=_digest(secret),
+                        operator=key.operator,
+                        label=key.label,
+                        created_at=key.created_at,
+                    )
+                )
+        return key, f"{PREFIX}{key.key_id}_{secret}"
+
+    async def list(self) -> list[ApiKey]:
+        with translated_errors():
+            async with self._engine.connect() as connection:
+                rows = await connection.execute(
+                    select(api_keys).order_by(api_keys.c.created_at, api_keys.c.key_id)
+                )
+                return [_key(row) for row in rows.mappings()]
+
+    async def revoke(self, key_id: str) -> ApiKey:
+        """Stamp the key revoked (again: no change); unknown: :class:`ApiKeyNotFoundError`."""
+        with translated_errors():
+            async with self._engine.begin() as connection:
+                await connection.execute(
+                    update(api_keys)
+                    .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
+                    .values(revoked_at=datetime.now(UTC))
+                )
+                row = (
+                    (await connection.execute(select(api_keys).where(api_keys.c.key_id == key_id)))
+                    .mappings()
+                    .first()
+                )
+        if row is None:
+            raise ApiKeyNotFoundError(key_id)
+        return _key(row)
+
+    async def verify(self, presented: str) -> ApiKey:
+        """The live key ``presented`` is; else :class:`AuthenticationError`."""
+        key_id, _, secret = presented.removeprefix(PREFIX).partition("_")
+        if not presented.startswith(PREFIX) or not key_id or not secret:
+            raise AuthenticationError("the API key is malformed: expected ep_<id>_<secret>")
+        with translated_errors():
+            async with self._engine.connect() as connection:
+                row = (
+                    (await connection.execute(select(api_keys).where(api_keys.c.key_id == key_id)))
+                    .mappings()
+                    .first()
+                )
+        if row is None or not hmac.compare_digest(row["secret_sha256"], _digest(secret)):
+            raise AuthenticationError("the API key is unknown")
+        if row["revoked_at"] is not None:
+            raise AuthenticationError(f"the API key {key_id} was revoked")
+        return _key(row)
+
+
+def _key(row: object) -> ApiKey:
+    data = dict(row)  # type: ignore[call-overload]
+    return ApiKey(
+        key_id=data["key_id"],
+        tenant_id=data["tenant_id"],
+        operator=bool(data["operator"]),
+        label=data["label"],
+        created_at=data["created_at"],
+        revoked_at=data["revoked_at"],
+    )

@@ -1,0 +1,302 @@
+"""The HTTP API in process (httpx over ASGI), on PostgreSQL and SQLite: every route, its
+status codes and headers, and errors as problem+json that leave the store unchanged."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from episodic import EpisodicStore
+from episodic.server import create_app
+from episodic.server.keys import KeyStore
+
+PROBLEM = "application/problem+json"
+
+
+@pytest.fixture
+async def keys(store: EpisodicStore, database_url: str) -> AsyncIterator[KeyStore]:
+    opened = KeyStore.open(database_url)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture
+async def anonymous(store: EpisodicStore, keys: KeyStore) -> AsyncIterator[httpx.AsyncClient]:
+    """A client sending no key."""
+    app = create_app(store, keys, max_body_bytes=64 * 1024)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://episodic") as http:
+        yield http
+
+
+@pytest.fixture
+async def client(anonymous: httpx.AsyncClient, keys: KeyStore) -> httpx.AsyncClient:
+    """A client with tenant acme's key."""
+    _, secret = await keys.create("acme")
+    anonymous.headers["Authorization"] = f"Bearer {secret}"
+    return anonymous
+
+
+def _body(content: bytes, content_type: str = "application/json") -> dict[str, object]:
+    return {"content": content, "headers": {"content-type": content_type}}
+
+
+def _user(text: str) -> dict[str, object]:
+    return {"role": "user", "content": text}
+
+
+async def _create(client: httpx.AsyncClient) -> str:
+    created = await client.post("/v1/conversations", json={})
+    assert created.status_code == 201, created.text
+    cid: str = created.json()["conversation"]["conversation_id"]
+    assert created.headers["location"] == f"/v1/conversations/{cid}"
+    assert created.headers["etag"] == '"0"'
+    return cid
+
+
+async def test_create_append_read_and_load(client: httpx.AsyncClient) -> None:
+    cid = await _create(client)
+    appended = await client.post(
+        f"/v1/conversations/{cid}/messages",
+        json={"messages": [_user("hello"), {"role": "assistant", "content": "hi"}]},
+    )
+    assert appended.status_code == 201, appended.text
+    assert [e["seq"] for e in appended.json()["events"]] == [1, 2]
+    assert appended.headers["etag"] == '"2"'
+    head = await client.get(f"/v1/conversations/{cid}")
+    assert head.status_code == 200
+    assert head.json()["conversation"]["last_seq"] == 2
+    assert head.json()["pressure"]["total_user_messages"] == 1
+    assert head.headers["etag"] == '"2"'
+    events = await client.get(f"/v1/conversations/{cid}/events", params={"limit": 1})
+    assert [e["seq"] for e in events.json()["events"]] == [1]
+    assert events.json()["next_after_seq"] == 1
+    rest = await client.get(f"/v1/conversations/{cid}/events", params={"after_seq": 1})
+    assert [e["seq"] for e in rest.json()["events"]] == [2]
+    assert rest.json()["next_after_seq"] is None
+    for fmt, first in (
+        ("openai", {"role": "user", "content": "hello"}),
+        ("anthropic", {"role": "user", "content": [{"type": "text", "text": "hello"}]}),
+    ):
+        context = await client.get(f"/v1/conversations/{cid}/context", params={"format": fmt})
+        assert context.status_code == 200, context.text
+        assert context.json()["messages"][0] == first
+        assert context.json()["last_seq"] == 2
+    responses = await client.get(f"/v1/conversations/{cid}/context?format=responses")
+    assert responses.json()["messages"][0]["role"] == "user"
+    episodic = await client.get(f"/v1/conversations/{cid}/context")
+    assert episodic.json()["messages"][1]["content"] == "hi"
+    completed = await client.post(f"/v1/conversations/{cid}/run-completed")
+    assert completed.status_code == 201
+    assert completed.json()["last_seq"] == 3
+
+
+async def test_idempotency_key_replays_and_refuses_another_body(
+    client: httpx.AsyncClient,
+) -> None:
+    cid = await _create(client)
+    url = f"/v1/conversations/{cid}/messages"
+    body = {"messages": [_user("once")]}
+    first = await client.post(url, json=body, headers={"Idempotency-Key": "k1"})
+    again = await client.post(url, json=body, headers={"Idempotency-Key": "k1"})
+    assert first.status_code == again.status_code == 201
+    assert again.json() == first.json()
+    other = await client.post(
+        url, json={"messages": [_user("twice")]}, headers={"Idempotency-Key": "k1"}
+    )
+    assert other.status_code == 422
+    assert other.headers["content-type"] == PROBLEM
+    assert other.json()["type"].endswith("/IdempotencyMismatchError")
+    assert (await client.get(f"/v1/conversations/{cid}")).json()["conversation"]["last_seq"] == 1
+
+
+async def test_if_match_is_the_expected_seq(client: httpx.AsyncClient) -> None:
+    cid = await _create(client)
+    url = f"/v1/conversations/{cid}/messages"
+    ok = await client.post(url, json={"messages": [_user("a")]}, headers={"If-Match": '"0"'})
+    assert ok.status_code == 201
+    stale = await client.post(url, json={"messages": [_user("b")]}, headers={"If-Match": '"0"'})
+    assert stale.status_code == 412
+    assert stale.json()["type"].endswith("/ConflictError")
+    bad = await client.post(url, json={"messages": [_user("b")]}, headers={"If-Match": "x"})
+    assert bad.status_code == 422
+    assert (await client.get(f"/v1/conversations/{cid}")).json()["conversation"]["last_seq"] == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status", "kind"),
+    [
+        ("get", "/v1/conversations/not-a-uuid", {}, 422, "ValidationError"),
+        ("get", f"/v1/conversations/{uuid.uuid4()}", {}, 404, "NotFoundError"),
+        ("get", f"/v1/conversations/{uuid.uuid4()}/context", {}, 404, "NotFoundError"),
+        ("get", "/v1/conversations", {"params": {"limit": 10**6}}, 422, "ValidationError"),
+        ("post", "/v1/conversations", _body(b"{not json"), 422, "ValidationError"),
+        ("post", "/v1/conversations", _body(b"{}", "text/plain"), 422, "ValidationError"),
+        ("post", "/v1/conversations", _body(b"x" * (65 * 1024)), 413, None),
+        ("get", "/v1/nowhere", {}, 404, None),
+        ("get", "/v1/conversations", {"headers": {"Authorization": "Bearer x"}}, 401, None),
+    ],
+)
+async def test_bad_requests_are_problems(
+    client: httpx.AsyncClient,
+    method: str,
+    path: str,
+    kwargs: dict[str, object],
+    status: int,
+    kind: str | None,
+) -> None:
+    before = (await client.get("/v1/conversations")).json()
+    response = await client.request(method.upper(), path, **kwargs)  # type: ignore[arg-type]
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == PROBLEM
+    problem = response.json()
+    assert problem["status"] == status
+    if kind is not None:
+        assert problem["type"].endswith(f"/{kind}")
+    assert (await client.get("/v1/conversations")).json() == before
+
+
+async def test_append_errors_leave_the_log_as_it_was(client: httpx.AsyncClient) -> None:
+    cid = await _create(client)
+    url = f"/v1/conversations/{cid}/messages"
+    cases = [
+        ({"messages": [{"role": "wizard", "content": "x"}]}, 422),
+        ({"messages": [{"role": "tool", "tool_call_id": "nope", "content": "x"}]}, 422),
+        ({"messages": []}, 422),
+        ({"messages": [_user("x" * 70_000)]}, 413),
+    ]
+    for body, status in cases:
+        response = await client.post(url, json=body)
+        assert response.status_code == status, (body, response.text)
+        assert response.headers["content-type"] == PROBLEM
+    assert (await client.get(f"/v1/conversations/{cid}")).json()["conversation"]["last_seq"] == 0
+
+
+async def test_health_and_openapi(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    assert (await client.get("/readyz")).json() == {"status": "ok"}
+    schema = (await client.get("/openapi.json")).json()
+    assert schema["openapi"].startswith("3.1")
+    names = set(schema["components"]["schemas"])
+    assert {"Problem", "AppendBatch", "Message", "ConversationHead", "LoadedContext"} <= names
+    append = schema["paths"]["/v1/conversations/{conversation_id}/messages"]["post"]
+    assert PROBLEM in append["responses"]["422"]["content"]
+    assert (await client.get("/docs")).status_code == 200
+
+
+async def test_keys_scope_every_request_to_their_tenant(
+    anonymous: httpx.AsyncClient, keys: KeyStore
+) -> None:
+    _, acme = await keys.create("acme")
+    _, globex = await keys.create("globex")
+    as_acme = {"Authorization": f"Bearer {acme}"}
+    as_globex = {"Authorization": f"Bearer {globex}"}
+    created = await anonymous.post("/v1/conversations", json={}, headers=as_acme)
+    assert created.json()["conversation"]["tenant_id"] == "acme"
+    cid = created.json()["conversation"]["conversation_id"]
+    await anonymous.post(
+        f"/v1/conversations/{cid}/messages", json={"messages": [_user("secret")]}, headers=as_acme
+    )
+    leaks = 0
+    for method, path, body in [
+        ("GET", f"/v1/conversations/{cid}", None),
+        ("GET", f"/v1/conversations/{cid}/events", None),
+        ("GET", f"/v1/conversations/{cid}/context", None),
+        ("POST", f"/v1/conversations/{cid}/messages", {"messages": [_user("x")]}),
+        ("POST", f"/v1/conversations/{cid}/run-completed", None),
+    ]:
+        response = await anonymous.request(method, path, json=body, headers=as_globex)
+        assert response.status_code == 404, (method, path, response.text)
+        leaks += "secret" in response.text
+    listed = await anonymous.get("/v1/conversations", headers=as_globex)
+    assert listed.json()["items"] == []
+    assert leaks == 0
+    head = await anonymous.get(f"/v1/conversations/{cid}", headers=as_acme)
+    assert head.json()["conversation"]["last_seq"] == 1
+
+
+async def test_no_key_a_wrong_key_and_a_revoked_key_are_401(
+    anonymous: httpx.AsyncClient, keys: KeyStore
+) -> None:
+    key, secret = await keys.create("acme")
+    for headers in (
+        {},
+        {"Authorization": "Bearer ep_0000_nope"},
+        {"Authorization": f"Bearer {secret}x"},
+        {"Authorization": "Basic abc"},
+    ):
+        response = await anonymous.get("/v1/conversations", headers=headers)
+        assert response.status_code == 401, (headers, response.text)
+        assert response.headers["content-type"] == PROBLEM
+        assert response.headers["www-authenticate"].startswith("Bearer")
+    assert (await keys.revoke(key.key_id)).revoked_at is not None
+    revoked = await anonymous.get(
+        "/v1/conversations", headers={"Authorization": f"Bearer {secret}"}
+    )
+    assert revoked.status_code == 401
+    assert "revoked" in revoked.json()["detail"]
+
+
+async def test_compaction_status_is_for_operator_keys(
+    anonymous: httpx.AsyncClient, keys: KeyStore
+) -> None:
+    _, tenant = await keys.create("acme")
+    _, operator = await keys.create("ops", operator=True)
+    refused = await anonymous.get("/v1/compaction", headers={"Authorization": f"Bearer {tenant}"})
+    assert refused.status_code == 403
+    assert refused.json()["type"].endswith("/OperatorRequiredError")
+    status = await anonymous.get("/v1/compaction", headers={"Authorization": f"Bearer {operator}"})
+    assert status.status_code == 200, status.text
+    assert status.json()["due"] == 0
+
+
+async def test_export_streams_the_log_as_json_lines(client: httpx.AsyncClient) -> None:
+    cid = await _create(client)
+    await client.post(f"/v1/conversations/{cid}/messages", json={"messages": [_user("hi")]})
+    exported = await client.get(f"/v1/conversations/{cid}/export")
+    assert exported.status_code == 200, exported.text
+    assert exported.headers["content-type"].startswith("application/x-ndjson")
+    lines = exported.text.splitlines()
+    assert len(lines) >= 2  # the header, then the event
+    assert '"hi"' in exported.text
+    missing = await client.get(f"/v1/conversations/{uuid.uuid4()}/export")
+    assert missing.status_code == 404
+    assert missing.headers["content-type"] == PROBLEM
+
+
+async def test_erase_is_for_operator_keys_in_their_tenant(
+    anonymous: httpx.AsyncClient, keys: KeyStore
+) -> None:
+    _, tenant = await keys.create("acme")
+    _, operator = await keys.create("acme", operator=True)
+    _, other = await keys.create("globex", operator=True)
+    as_tenant = {"Authorization": f"Bearer {tenant}"}
+    created = await anonymous.post("/v1/conversations", json={}, headers=as_tenant)
+    cid = created.json()["conversation"]["conversation_id"]
+    url = f"/v1/conversations/{cid}/erase"
+    body = {"reason": "user asked"}
+    refused = await anonymous.post(url, json=body, headers=as_tenant)
+    assert refused.status_code == 403
+    elsewhere = await anonymous.post(url, json=body, headers={"Authorization": f"Bearer {other}"})
+    assert elsewhere.status_code == 404
+    assert (await anonymous.get(f"/v1/conversations/{cid}", headers=as_tenant)).status_code == 200
+    erased = await anonymous.post(url, json=body, headers={"Authorization": f"Bearer {operator}"})
+    assert erased.status_code == 200, erased.text
+    assert erased.json()["reason"] == "user asked"
+    assert (await anonymous.get(f"/v1/conversations/{cid}", headers=as_tenant)).status_code == 404
+
+
+async def test_metrics_count_requests_by_route_template(client: httpx.AsyncClient) -> None:
+    cid = await _create(client)
+    await client.get(f"/v1/conversations/{cid}")
+    await client.get(f"/v1/conversations/{uuid.uuid4()}")
+    text = (await client.get("/metrics")).text
+    route = 'route="/v1/conversations/{conversation_id}"'
+    assert f'episodic_http_requests_total{{method="GET",{route},status="200"}} 1.0' in text
+    assert f'episodic_http_requests_total{{method="GET",{route},status="404"}} 1.0' in text
+    assert str(cid) not in text
