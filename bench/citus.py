@@ -107,9 +107,6 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         p.error("--citus-build-tasks, --citus-concurrency and --citus-seconds must be positive")
 
 
-# ---- databases --------------------------------------------------------------------------
-
-
 # ---- the history ------------------------------------------------------------------------
 
 

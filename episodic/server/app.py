@@ -338,9 +338,8 @@ def _operator(key: ApiKey, what: str) -> None:
 
 async def _head(store: EpisodicStore, conversation_id: UUID) -> ConversationHead:
     conversation = await store.get_conversation(conversation_id)
-    return ConversationHead(
-        conversation=conversation, pressure=await store.pressure(conversation_id)
-    )
+    # one read: the pressure of the head just read, not of a second read of it
+    return ConversationHead(conversation=conversation, pressure=store.pressure_of(conversation))
 
 
 def _health(store: EpisodicStore) -> APIRouter:

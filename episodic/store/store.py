@@ -915,7 +915,14 @@ class EpisodicStore:
         context and the latest provider-reported ``input_tokens`` plus what was appended
         after it. A summarizer's own usage never counts here.
         """
-        head = await self.get_conversation(conversation_id)
+        return self.pressure_of(await self.get_conversation(conversation_id), now=now)
+
+    @staticmethod
+    def pressure_of(
+        head: Conversation, *, now: datetime | None = None
+    ) -> EpisodicCompactionPressure:
+        """The compaction pressure of a head already read (:meth:`get_conversation`), with
+        no read of its own."""
         return pressure_from(
             counters_of(head),
             created_at=head.created_at,
