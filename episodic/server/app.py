@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from episodic import errors
 from episodic.server.keys import ApiKey, KeyStore
 from episodic.server.limits import BodyLimit
+from episodic.server.links import add_links
 from episodic.server.metrics import instrument
 from episodic.server.problems import PROBLEM_MEDIA_TYPE, Problem, error_problem, problem
 from episodic.server.schemas import (
@@ -86,6 +87,7 @@ class EpisodicApp(FastAPI):
                     content = response.get("content", {})
                     if code[0] in "45" and "application/json" in content:
                         content[PROBLEM_MEDIA_TYPE] = content.pop("application/json")
+        add_links(schema)
         return schema
 
 
