@@ -669,6 +669,7 @@ def serve(
 
         from episodic.server import create_app
         from episodic.server.keys import KeyStore
+        from episodic.server.operations import ManualCompaction
     except ImportError as exc:
         raise _refused(
             f"episodic serve needs the server extra: pip install 'episodic[server]' ({exc})"
@@ -680,7 +681,12 @@ def serve(
         store = await EpisodicStore.open(settings.database_url, settings=settings)
         keys = KeyStore.open(settings.database_url)
         app = create_app(
-            store, keys, max_body_bytes=settings.server_max_body_bytes, close_on_shutdown=True
+            store,
+            keys,
+            max_body_bytes=settings.server_max_body_bytes,
+            compaction=ManualCompaction.from_settings(settings),
+            cors_origins=settings.cors_origins(),
+            close_on_shutdown=True,
         )
         config = uvicorn.Config(
             app,
@@ -688,6 +694,7 @@ def serve(
             port=settings.server_port,
             timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
             log_config=None,
+            access_log=False,  # episodic.access logs each request, as JSON
         )
         await uvicorn.Server(config).serve()
 

@@ -208,6 +208,11 @@ class OperatorRequiredError(EpisodicError, PermissionError):
     --operator``."""
 
 
+class UnsupportedMediaTypeError(ValidationError):
+    """The HTTP request's body is not JSON (its ``Content-Type`` is another type): send
+    ``Content-Type: application/json``. Nothing was written."""
+
+
 class ApiKeyNotFoundError(EpisodicError, LookupError):
     """No API key has this id (``episodic keys list`` shows them)."""
 
@@ -263,6 +268,12 @@ class ConfigurationError(EpisodicError):
     a bad setting, a missing optional dependency."""
 
 
+class CompactionUnavailableError(ConfigurationError):
+    """A "compact now" was asked of a server that has no summarizer (its
+    ``EPISODIC_SUMMARIZER*`` settings did not make one); the worker compacts as usual.
+    Nothing was written."""
+
+
 class SchemaNotMigratedError(ConfigurationError):
     """The database has no episodic schema, or an older (or newer) revision than this
     version of episodic needs: run ``episodic migrate`` (or upgrade episodic). ``revision``
@@ -287,6 +298,7 @@ class IntegrityViolationError(EpisodicError):
 __all__ = [
     "ApiKeyNotFoundError",
     "AuthenticationError",
+    "CompactionUnavailableError",
     "ConfigurationError",
     "ConflictError",
     "ConversationDeletedError",
@@ -309,5 +321,6 @@ __all__ = [
     "ToolPairingError",
     "TransientDatabaseError",
     "UnsafeCutError",
+    "UnsupportedMediaTypeError",
     "ValidationError",
 ]

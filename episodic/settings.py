@@ -150,6 +150,15 @@ class EpisodicSettings(BaseSettings):
         ge=1024,
         description="`episodic serve`: larger request bodies are refused with 413.",
     )
+    server_cors_origins: str = Field(
+        default="",
+        description="`episodic serve`: the browser origins allowed to call the API "
+        "(comma-separated, e.g. https://app.example.com); empty: CORS is off.",
+    )
+
+    def cors_origins(self) -> list[str]:
+        """``server_cors_origins`` as a list (empty: CORS off)."""
+        return [o.strip() for o in self.server_cors_origins.split(",") if o.strip()]
 
     @model_validator(mode="after")
     def _check_together(self) -> Self:

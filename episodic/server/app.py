@@ -9,22 +9,25 @@ and every error is ``application/problem+json`` naming its ``episodic.errors`` c
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations, some of
 # them local to the function that makes the routes.
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from episodic import errors
+from episodic.server.access_log import REQUEST_ID, log_access
+from episodic.server.auth import KeyOf, key_dependency
 from episodic.server.keys import ApiKey, KeyStore
 from episodic.server.limits import BodyLimit
 from episodic.server.links import add_links
 from episodic.server.metrics import instrument
+from episodic.server.operations import ManualCompaction, health_routes, operator_routes
 from episodic.server.problems import PROBLEM_MEDIA_TYPE, Problem, error_problem, problem
 from episodic.server.schemas import (
     AppendBatch,
@@ -32,15 +35,11 @@ from episodic.server.schemas import (
     ContextFormat,
     ConversationHead,
     ConversationPage,
-    ErasureRequest,
     EventPage,
-    Health,
     LoadedContext,
     NewConversation,
 )
 from episodic.store import EpisodicStore
-from episodic.store.attempts import CompactionStatus
-from episodic.store.erasure import Erasure
 
 #: the largest page a list or events request may ask for
 MAX_PAGE = 1_000
@@ -51,9 +50,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": Problem, "description": description}
     for code, description in (
         (401, "no API key, or an unknown or revoked one"),
+        (403, "the operation needs an operator key"),
         (404, "no such conversation (or another tenant's)"),
         (409, "the write conflicts with the conversation's state"),
         (413, "the body or a message is too large"),
+        (415, "the body is not JSON (send Content-Type: application/json)"),
         (422, "the request is invalid"),
         (503, "the database is unreachable or not migrated; see Retry-After"),
     )
@@ -76,6 +77,27 @@ def expected_seq(if_match: str | None) -> int | None:
     return int(value)
 
 
+def not_modified(request: Request, tag: str) -> Response | None:
+    """304 when the client's ``If-None-Match`` already names ``tag``."""
+    wanted = request.headers.get("if-none-match")
+    if wanted is None:
+        return None
+    tags = {t.strip().removeprefix("W/") for t in wanted.split(",")}
+    return Response(status_code=304, headers={"ETag": tag}) if tag in tags or "*" in tags else None
+
+
+async def json_body(request: Request) -> None:
+    """Refuse a body that is not JSON with 415, before it is parsed (FastAPI would try)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json" and not kind.endswith("+json"):
+        raise errors.UnsupportedMediaTypeError(
+            f"the body must be JSON: send Content-Type: application/json, not {kind or 'none'}"
+        )
+
+
+JsonBody = Depends(json_body)
+
+
 class EpisodicApp(FastAPI):
     """FastAPI, with its error responses documented as application/problem+json."""
 
@@ -96,10 +118,14 @@ def create_app(
     keys: KeyStore,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    compaction: ManualCompaction | None = None,
+    cors_origins: Sequence[str] = (),
     close_on_shutdown: bool = False,
 ) -> FastAPI:
     """The app serving ``store`` to the holders of ``keys``: each request is scoped to its
     key's tenant (``store.for_tenant``), so PostgreSQL's row-level security applies to it.
+    ``compaction``: what "compact now" compacts with (None: that route answers 501);
+    ``cors_origins``: browser origins allowed to call the API (none: CORS off);
     ``close_on_shutdown``: close the store and the keys when the app shuts down."""
 
     @asynccontextmanager
@@ -120,10 +146,22 @@ def create_app(
         generate_unique_id_function=lambda route: route.name,
     )
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    if cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "If-Match",
+                           "If-None-Match", REQUEST_ID],
+            expose_headers=["ETag", "Location", "Retry-After", REQUEST_ID],
+        )  # fmt: skip
     instrument(app)
+    log_access(app)
     _handle_errors(app)
-    app.include_router(_routes(store, keys))
-    app.include_router(_health(store))
+    key_of = key_dependency(keys)
+    app.include_router(_routes(store, key_of))
+    app.include_router(operator_routes(store, key_of, compaction))
+    app.include_router(health_routes(store))
     return app
 
 
@@ -164,25 +202,19 @@ def _handle_errors(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, invalid_request)
 
 
-def _routes(root: EpisodicStore, keys: KeyStore) -> APIRouter:
-    bearer = HTTPBearer(auto_error=False, description="an API key from `episodic keys create`")
-
-    async def key_of(
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-    ) -> ApiKey:
-        if credentials is None:
-            raise errors.AuthenticationError(
-                "no API key: send Authorization: Bearer <key> (episodic keys create makes one)"
-            )
-        return await keys.verify(credentials.credentials)
-
+def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
     async def tenant_store(key: Annotated[ApiKey, Depends(key_of)]) -> EpisodicStore:
         return root.for_tenant(key.tenant_id)
 
     Store = Annotated[EpisodicStore, Depends(tenant_store)]
     router = APIRouter(prefix="/v1", tags=["conversations"])
 
-    @router.post("/conversations", status_code=201, response_model=ConversationHead)
+    @router.post(
+        "/conversations",
+        status_code=201,
+        response_model=ConversationHead,
+        dependencies=[JsonBody],
+    )
     async def create_conversation(
         store: Store, body: NewConversation, response: Response
     ) -> ConversationHead:
@@ -206,15 +238,22 @@ def _routes(root: EpisodicStore, keys: KeyStore) -> APIRouter:
 
     @router.get("/conversations/{conversation_id}", response_model=ConversationHead)
     async def get_conversation(
-        store: Store, conversation_id: UUID, response: Response
-    ) -> ConversationHead:
-        """The head (counters, compaction state) and the compaction pressure."""
+        store: Store, conversation_id: UUID, request: Request, response: Response
+    ) -> ConversationHead | Response:
+        """The head (counters, compaction state) and the compaction pressure; 304 when
+        ``If-None-Match`` names its ETag."""
         head = await _head(store, conversation_id)
-        response.headers["ETag"] = etag(head.conversation.last_seq)
+        tag = etag(head.conversation.last_seq)
+        if (unchanged := not_modified(request, tag)) is not None:
+            return unchanged
+        response.headers["ETag"] = tag
         return head
 
     @router.post(
-        "/conversations/{conversation_id}/messages", status_code=201, response_model=Appended
+        "/conversations/{conversation_id}/messages",
+        status_code=201,
+        response_model=Appended,
+        dependencies=[JsonBody],
     )
     async def append(
         store: Store,
@@ -252,11 +291,16 @@ def _routes(root: EpisodicStore, keys: KeyStore) -> APIRouter:
     async def load_context(
         store: Store,
         conversation_id: UUID,
+        request: Request,
         response: Response,
         format: ContextFormat = "episodic",
-    ) -> LoadedContext:
-        """What the next model call should see."""
+    ) -> LoadedContext | Response:
+        """What the next model call should see; 304 when ``If-None-Match`` names its ETag
+        (the conversation's last seq: nothing appended or compacted since)."""
         context = await store.load_context(conversation_id)
+        tag = etag(context.last_seq)
+        if (unchanged := not_modified(request, tag)) is not None:
+            return unchanged
         rendered: list[Any]
         if format == "openai":
             rendered = context.to_openai()
@@ -266,7 +310,7 @@ def _routes(root: EpisodicStore, keys: KeyStore) -> APIRouter:
             rendered = context.to_anthropic()
         else:
             rendered = [m.model_dump(mode="json", exclude_none=True) for m in context.messages]
-        response.headers["ETag"] = etag(context.last_seq)
+        response.headers["ETag"] = tag
         return LoadedContext(
             conversation_id=context.conversation_id,
             format=format,
@@ -305,57 +349,10 @@ def _routes(root: EpisodicStore, keys: KeyStore) -> APIRouter:
 
         return StreamingResponse(body(), media_type=NDJSON)
 
-    @router.post("/conversations/{conversation_id}/erase", response_model=Erasure)
-    async def erase_conversation(
-        key: Annotated[ApiKey, Depends(key_of)], conversation_id: UUID, body: ErasureRequest
-    ) -> Erasure:
-        """Remove the conversation and leave a tombstone (operator keys, in their tenant;
-        the server's database role must be a member of episodic_eraser)."""
-        _operator(key, "erasing a conversation")
-        return await root.for_tenant(key.tenant_id).erase_conversation(
-            conversation_id, reason=body.reason
-        )
-
-    @router.get("/compaction", response_model=CompactionStatus, tags=["operations"])
-    async def compaction_status(
-        key: Annotated[ApiKey, Depends(key_of)],
-        recent: Annotated[int, Query(ge=0, le=MAX_PAGE)] = 10,
-        limit: Page = 50,
-    ) -> CompactionStatus:
-        """Every tenant's compaction queue: due, leased, failing and dead conversations and
-        the latest attempts (operator keys only)."""
-        _operator(key, "compaction status")
-        return await root.compaction_status(recent=recent, limit=limit)
-
     return router
-
-
-def _operator(key: ApiKey, what: str) -> None:
-    if not key.operator:
-        raise errors.OperatorRequiredError(
-            f"the key {key.key_id} is tenant {key.tenant_id!r}'s; {what} needs an operator "
-            "key (episodic keys create --operator)"
-        )
 
 
 async def _head(store: EpisodicStore, conversation_id: UUID) -> ConversationHead:
     conversation = await store.get_conversation(conversation_id)
     # one read: the pressure of the head just read, not of a second read of it
     return ConversationHead(conversation=conversation, pressure=store.pressure_of(conversation))
-
-
-def _health(store: EpisodicStore) -> APIRouter:
-    router = APIRouter(tags=["operations"])
-
-    @router.get("/healthz", response_model=Health)
-    async def healthz() -> Health:
-        """The process is up."""
-        return Health(status="ok")
-
-    @router.get("/readyz", response_model=Health)
-    async def readyz() -> Health:
-        """The database is reachable and migrated (else 503)."""
-        await store.list_conversations(limit=1)
-        return Health(status="ok")
-
-    return router

@@ -22,6 +22,7 @@ STATUS_OF: tuple[tuple[type[errors.EpisodicError], int], ...] = (
     (errors.AuthenticationError, 401),
     (errors.OperatorRequiredError, 403),
     (errors.MessageTooLargeError, 413),
+    (errors.UnsupportedMediaTypeError, 415),
     (errors.IdempotencyMismatchError, 422),
     (errors.ValidationError, 422),
     (errors.TenantDeniedError, 404),  # another tenant's conversation: not there for you
@@ -32,6 +33,7 @@ STATUS_OF: tuple[tuple[type[errors.EpisodicError], int], ...] = (
     (errors.IntegrityViolationError, 409),
     (errors.TransientDatabaseError, 503),
     (errors.SchemaNotMigratedError, 503),
+    (errors.CompactionUnavailableError, 501),
 )
 
 

@@ -91,3 +91,15 @@ class Health(BaseModel):
     """The process (``/healthz``) or the database (``/readyz``)."""
 
     status: Literal["ok"]
+
+
+class CompactionRun(BaseModel):
+    """What a "compact now" did: its outcome (``succeeded``, ``fallback``,
+    ``nothing_to_compact``, ``failed``...), the context's tokens before and after, and the
+    error of a failed attempt. Recorded like every attempt (``GET /v1/compaction``)."""
+
+    outcome: str
+    tokens_before: int | None
+    tokens_after: int | None
+    error: str | None
+    seconds: float

@@ -44,6 +44,10 @@ class CompactionOptions:
     #: leaving the conversation dead
     fallback: bool = False
 
+    def default_lease_seconds(self) -> float:
+        """A lease that outlasts a summarizer call, even one that times out."""
+        return self.summarizer_timeout * 2 + 30
+
 
 @dataclass(frozen=True, slots=True)
 class JobResult:

@@ -56,7 +56,7 @@ class CompactionWorker:
         self.summarizer = summarizer
         self.concurrency = concurrency
         self.options = options or CompactionOptions()
-        self.lease_seconds = lease_seconds or self.options.summarizer_timeout * 2 + 30
+        self.lease_seconds = lease_seconds or self.options.default_lease_seconds()
         self.poll_interval = poll_interval
         self.sweep_interval = sweep_interval
         self.shutdown_grace = shutdown_grace

@@ -3,6 +3,8 @@ status codes and headers, and errors as problem+json that leave the store unchan
 
 from __future__ import annotations
 
+import json
+import logging
 import uuid
 from collections.abc import AsyncIterator
 
@@ -12,6 +14,9 @@ import pytest
 from episodic import EpisodicStore
 from episodic.server import create_app
 from episodic.server.keys import KeyStore
+from episodic.server.operations import ManualCompaction
+from episodic.summarizers import ExtractiveSummarizer
+from episodic.worker import CompactionOptions
 
 PROBLEM = "application/problem+json"
 
@@ -136,7 +141,7 @@ async def test_if_match_is_the_expected_seq(client: httpx.AsyncClient) -> None:
         ("get", f"/v1/conversations/{uuid.uuid4()}/context", {}, 404, "NotFoundError"),
         ("get", "/v1/conversations", {"params": {"limit": 10**6}}, 422, "ValidationError"),
         ("post", "/v1/conversations", _body(b"{not json"), 422, "ValidationError"),
-        ("post", "/v1/conversations", _body(b"{}", "text/plain"), 422, "ValidationError"),
+        ("post", "/v1/conversations", _body(b"{}", "text/plain"), 415, "UnsupportedMediaTypeError"),
         ("post", "/v1/conversations", _body(b"x" * (65 * 1024)), 413, None),
         ("get", "/v1/nowhere", {}, 404, None),
         ("get", "/v1/conversations", {"headers": {"Authorization": "Bearer x"}}, 401, None),
@@ -300,3 +305,98 @@ async def test_metrics_count_requests_by_route_template(client: httpx.AsyncClien
     assert f'episodic_http_requests_total{{method="GET",{route},status="200"}} 1.0' in text
     assert f'episodic_http_requests_total{{method="GET",{route},status="404"}} 1.0' in text
     assert str(cid) not in text
+
+
+async def test_if_none_match_is_a_304_until_the_log_moves(client: httpx.AsyncClient) -> None:
+    cid = await _create(client)
+    for path in (f"/v1/conversations/{cid}", f"/v1/conversations/{cid}/context"):
+        fresh = await client.get(path)
+        tag = fresh.headers["etag"]
+        unchanged = await client.get(path, headers={"If-None-Match": tag})
+        assert unchanged.status_code == 304, path
+        assert unchanged.headers["etag"] == tag
+        assert unchanged.content == b""
+    await client.post(f"/v1/conversations/{cid}/messages", json={"messages": [_user("hi")]})
+    moved = await client.get(f"/v1/conversations/{cid}/context", headers={"If-None-Match": '"0"'})
+    assert moved.status_code == 200
+    assert moved.headers["etag"] == '"1"'
+
+
+async def test_cors_is_off_unless_origins_are_configured(
+    store: EpisodicStore, keys: KeyStore
+) -> None:
+    preflight = {
+        "Origin": "https://app.example.com",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type,idempotency-key",
+    }
+    for origins, allowed in (((), None), (["https://app.example.com"], "https://app.example.com")):
+        app = create_app(store, keys, cors_origins=origins)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://episodic") as http:
+            answer = await http.options("/v1/conversations", headers=preflight)
+            assert answer.headers.get("access-control-allow-origin") == allowed
+            other = await http.options(
+                "/v1/conversations", headers={**preflight, "Origin": "https://evil.example"}
+            )
+            assert "access-control-allow-origin" not in other.headers
+
+
+async def test_each_request_is_logged_as_json_with_its_request_id(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    cid = await _create(client)
+    with caplog.at_level(logging.INFO, logger="episodic.access"):
+        given = await client.get(f"/v1/conversations/{cid}", headers={"X-Request-ID": "req-42"})
+        made = await client.get(f"/v1/conversations/{uuid.uuid4()}")
+    assert given.headers["x-request-id"] == "req-42"
+    assert len(made.headers["x-request-id"]) == 32
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "episodic.access"]
+    assert [line["status"] for line in lines] == [200, 404]
+    first = lines[0]
+    assert first["request_id"] == "req-42"
+    assert first["route"] == "/v1/conversations/{conversation_id}"
+    assert first["path"] == f"/v1/conversations/{cid}"
+    assert first["tenant"] == "acme"
+    assert first["key"]
+    assert first["ms"] >= 0
+
+
+async def test_compact_now_is_for_operator_keys_and_writes_a_boundary(
+    store: EpisodicStore, keys: KeyStore
+) -> None:
+    compaction = ManualCompaction(ExtractiveSummarizer(), CompactionOptions(), 60.0)
+    _, tenant = await keys.create("acme")
+    _, operator = await keys.create("acme", operator=True)
+    for configured in (None, compaction):
+        app = create_app(store, keys, compaction=configured)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://episodic") as http:
+            http.headers["Authorization"] = f"Bearer {tenant}"
+            cid = await _create(http)
+            for i in range(6):
+                answer = {"role": "assistant", "content": f"answer {i} " * 300}
+                turn = [_user(f"question {i}"), answer]
+                await http.post(f"/v1/conversations/{cid}/messages", json={"messages": turn})
+            url = f"/v1/conversations/{cid}/compact"
+            refused = await http.post(url)
+            assert refused.status_code == 403
+            as_operator = {"Authorization": f"Bearer {operator}"}
+            ran = await http.post(url, headers=as_operator)
+            if configured is None:
+                assert ran.status_code == 501
+                assert ran.json()["type"].endswith("/CompactionUnavailableError")
+                assert (await http.get(f"/v1/conversations/{cid}/context")).json()[
+                    "boundary_seq"
+                ] is None
+                continue
+            assert ran.status_code == 200, ran.text
+            result = ran.json()
+            assert result["outcome"] == "succeeded"
+            assert result["tokens_after"] < result["tokens_before"]
+            context = (await http.get(f"/v1/conversations/{cid}/context")).json()
+            assert context["boundary_seq"] == 13
+            missing = await http.post(
+                f"/v1/conversations/{uuid.uuid4()}/compact", headers=as_operator
+            )
+            assert missing.status_code == 404
