@@ -17,6 +17,7 @@ from episodic.server.keys import KeyStore
 from episodic.server.operations import ManualCompaction
 from episodic.summarizers import ExtractiveSummarizer
 from episodic.worker import CompactionOptions
+from tests.support import store_through_proxy
 
 PROBLEM = "application/problem+json"
 
@@ -400,3 +401,28 @@ async def test_compact_now_is_for_operator_keys_and_writes_a_boundary(
                 f"/v1/conversations/{uuid.uuid4()}/compact", headers=as_operator
             )
             assert missing.status_code == 404
+
+
+async def test_a_database_that_goes_away_is_a_503_with_retry_after(postgres_url: str) -> None:
+    keys = KeyStore.open(postgres_url)
+    try:
+        _, secret = await keys.create("acme")
+        async with store_through_proxy(postgres_url) as (store, proxy):
+            app = create_app(store, keys)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://episodic") as http:
+                http.headers["Authorization"] = f"Bearer {secret}"
+                assert (await http.get("/readyz")).status_code == 200
+                # the database is away: the open connection cut, new ones refused
+                proxy.cut_requests = 1_000_000
+                await proxy.stop()
+                for path in ("/readyz", "/v1/conversations"):
+                    away = await http.get(path)
+                    assert away.status_code == 503, (path, away.text)
+                    assert away.headers["content-type"] == PROBLEM
+                    assert away.headers["retry-after"] == "1"
+                    assert "TransientDatabaseError" in away.json()["type"] or (
+                        away.json()["type"].endswith("/DatabaseUnavailableError")
+                    )
+    finally:
+        await keys.close()
