@@ -46,8 +46,20 @@ MAX_PAGE = 1_000
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 NDJSON = "application/x-ndjson"
 Page = Annotated[int, Query(ge=1, le=MAX_PAGE, description="at most this many")]
+
+
+def header(description: str) -> dict[str, Any]:
+    return {"description": description, "schema": {"type": "string"}}
+
+
+ETAG = {"ETag": header('the last seq, quoted ("12"): send it back in If-Match')}
+#: headers some error responses carry, by status
+ERROR_HEADERS: dict[int, dict[str, Any]] = {
+    401: {"WWW-Authenticate": header('Bearer realm="episodic"')},
+    503: {"Retry-After": header("seconds to wait before retrying")},
+}
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": Problem, "description": description}
+    code: {"model": Problem, "description": description, "headers": ERROR_HEADERS.get(code, {})}
     for code, description in (
         (401, "no API key, or an unknown or revoked one"),
         (403, "the operation needs an operator key"),
@@ -75,6 +87,14 @@ def expected_seq(if_match: str | None) -> int | None:
             f'If-Match must be a head\'s ETag such as "12", not {if_match!r}', field="If-Match"
         )
     return int(value)
+
+
+def with_etag(description: str, **more: dict[str, Any]) -> dict[str, Any]:
+    """A success response documented with its ETag (and ``more`` headers)."""
+    return {"description": description, "headers": {**ETAG, **more}}
+
+
+NOT_MODIFIED = {"description": "If-None-Match named the current ETag", "headers": ETAG}
 
 
 def not_modified(request: Request, tag: str) -> Response | None:
@@ -214,6 +234,10 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
         status_code=201,
         response_model=ConversationHead,
         dependencies=[JsonBody],
+        responses={
+            201: with_etag("created", Location=header("the conversation's URL")),
+            409: {"model": Problem, "description": "the conversation id is taken"},
+        },
     )
     async def create_conversation(
         store: Store, body: NewConversation, response: Response
@@ -236,7 +260,11 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
         cursor = items[-1].conversation_id if len(items) == limit else None
         return ConversationPage(items=items, next_before=cursor)
 
-    @router.get("/conversations/{conversation_id}", response_model=ConversationHead)
+    @router.get(
+        "/conversations/{conversation_id}",
+        response_model=ConversationHead,
+        responses={200: with_etag("the head"), 304: NOT_MODIFIED},
+    )
     async def get_conversation(
         store: Store, conversation_id: UUID, request: Request, response: Response
     ) -> ConversationHead | Response:
@@ -254,14 +282,28 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
         status_code=201,
         response_model=Appended,
         dependencies=[JsonBody],
+        responses={
+            201: with_etag("appended (or, for a repeated Idempotency-Key, replayed)"),
+            412: {"model": Problem, "description": "If-Match is not the head's ETag"},
+        },
     )
     async def append(
         store: Store,
         conversation_id: UUID,
         body: AppendBatch,
         response: Response,
-        idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
-        if_match: Annotated[str | None, Header()] = None,
+        idempotency_key: Annotated[
+            str | None,
+            Header(
+                alias="Idempotency-Key",
+                max_length=200,
+                description="the same key and body: the first response, nothing appended",
+            ),
+        ] = None,
+        if_match: Annotated[
+            str | None,
+            Header(alias="If-Match", description="the head's ETag: refuse a stale append"),
+        ] = None,
     ) -> Appended:
         """Append a batch of messages atomically."""
         events = await store.append(
@@ -287,7 +329,11 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
         cursor = events[-1].seq if len(events) == limit else None
         return EventPage(events=list(events), next_after_seq=cursor)
 
-    @router.get("/conversations/{conversation_id}/context", response_model=LoadedContext)
+    @router.get(
+        "/conversations/{conversation_id}/context",
+        response_model=LoadedContext,
+        responses={200: with_etag("the context"), 304: NOT_MODIFIED},
+    )
     async def load_context(
         store: Store,
         conversation_id: UUID,
@@ -321,7 +367,10 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
         )
 
     @router.post(
-        "/conversations/{conversation_id}/run-completed", status_code=201, response_model=Appended
+        "/conversations/{conversation_id}/run-completed",
+        status_code=201,
+        response_model=Appended,
+        responses={201: with_etag("recorded")},
     )
     async def mark_run_completed(
         store: Store, conversation_id: UUID, response: Response

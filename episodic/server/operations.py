@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Query
 from episodic import errors
 from episodic.server.auth import KeyOf, require_operator
 from episodic.server.keys import ApiKey
+from episodic.server.problems import Problem
 from episodic.server.schemas import CompactionRun, ErasureRequest, Health
 from episodic.settings import EpisodicSettings
 from episodic.store import EpisodicStore
@@ -47,9 +48,7 @@ class ManualCompaction:
             logger.warning("compact now is off: %s", exc)
             return None
         options = options_from_settings(settings)
-        return cls(
-            summarizer, options, settings.lease_seconds or options.default_lease_seconds()
-        )
+        return cls(summarizer, options, settings.lease_seconds or options.default_lease_seconds())
 
 
 def operator_routes(
@@ -72,7 +71,10 @@ def operator_routes(
     @router.post(
         "/conversations/{conversation_id}/compact",
         response_model=CompactionRun,
-        responses={501: {"description": "this server has no summarizer"}},
+        responses={
+            409: {"model": Problem, "description": "a worker holds the conversation's lease"},
+            501: {"model": Problem, "description": "this server has no summarizer"},
+        },
     )
     async def compact_now(key: Key, conversation_id: UUID) -> CompactionRun:
         """Compact the conversation now, due or not, as the worker would (operator keys, in
