@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from episodic import errors
 from episodic.server.access_log import REQUEST_ID, log_access
 from episodic.server.auth import KeyOf, key_dependency
+from episodic.server.inspector import inspector_routes
 from episodic.server.keys import ApiKey, KeyStore
 from episodic.server.limits import BodyLimit
 from episodic.server.links import add_links
@@ -182,6 +183,7 @@ def create_app(
     app.include_router(_routes(store, key_of))
     app.include_router(operator_routes(store, key_of, compaction))
     app.include_router(health_routes(store))
+    app.include_router(inspector_routes(store, keys))
     return app
 
 

@@ -574,6 +574,15 @@ class EpisodicStore:
             raise NotFoundError(cid)
         return found
 
+    async def read_attempts(self, conversation_id: UUID | str) -> list[AttemptRecord]:
+        """The conversation's compaction attempts, in the order they ended (what ``episodic
+        status`` and the inspector show; exports carry them too)."""
+        cid = await self._parsed(conversation_id)
+        found = await retry_transient(lambda: self._backend.read_attempts(cid), safe=True)
+        if not found and await self._backend.get_conversation(cid) is None:
+            raise NotFoundError(cid)
+        return found
+
     # ---- erasure, export, import ----------------------------------------------------------
 
     async def erase_conversation(self, conversation_id: UUID | str, *, reason: str) -> Erasure:
