@@ -5,7 +5,8 @@ Each part gets a throwaway database ``episodic_bench_<random>``, created and alw
 (also on Ctrl-C or SIGTERM). Results are printed and written to ``bench/RESULTS.md``; the
 worker's go to its "## Worker" section, which ``--only worker`` alone rewrites; ``--only
 core`` rewrites the part above the first "## " heading and keeps the rest. ``--citus`` runs
-only the Citus comparison (``bench/citus.py``) and rewrites only its "## Citus" section.
+only the Citus comparison (``bench/citus.py``) and rewrites only its "## Citus" section;
+``--http`` only the HTTP API against the direct API (``bench/http.py``), its "## HTTP" section.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 
 from bench import citus as citus_bench
 from bench import db
+from bench import http as http_bench
 from bench import worker as worker_bench
 from bench.provenance import command_line, episodic_source, terminate
 from bench.run import run
@@ -115,8 +117,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="markdown file to write (default: bench/RESULTS.md)",
     )
     citus_bench.add_arguments(p)
+    http_bench.add_arguments(p)
     args = p.parse_args(argv)
     citus_bench.check_arguments(p, args)
+    http_bench.check_arguments(p, args)
     if args.quick:
         args.max_events = 10_000
     if args.max_events < 1_000:
@@ -164,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     command = command_line("bench", argv)
     if args.citus:
         return citus_bench.main(args, command)
+    if args.http:
+        return http_bench.main(args, command)
     previous = args.output.read_text() if args.output.exists() else ""
     text = previous
     code = 0
