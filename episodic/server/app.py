@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from episodic import errors
 from episodic.server.access_log import REQUEST_ID, log_access
-from episodic.server.auth import KeyOf, key_dependency
+from episodic.server.auth import JsonBody, KeyOf, key_dependency
 from episodic.server.inspector import inspector_routes
 from episodic.server.keys import ApiKey, KeyStore
 from episodic.server.limits import BodyLimit
@@ -107,18 +107,6 @@ def not_modified(request: Request, tag: str) -> Response | None:
     return Response(status_code=304, headers={"ETag": tag}) if tag in tags or "*" in tags else None
 
 
-async def json_body(request: Request) -> None:
-    """Refuse a body that is not JSON with 415, before it is parsed (FastAPI would try)."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind != "application/json" and not kind.endswith("+json"):
-        raise errors.UnsupportedMediaTypeError(
-            f"the body must be JSON: send Content-Type: application/json, not {kind or 'none'}"
-        )
-
-
-JsonBody = Depends(json_body)
-
-
 class EpisodicApp(FastAPI):
     """FastAPI, with its error responses documented as application/problem+json."""
 
@@ -190,7 +178,8 @@ def create_app(
 def _handle_errors(app: FastAPI) -> None:
     async def episodic_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, errors.EpisodicError)
-        stale = isinstance(exc, errors.ConflictError) and "if-match" in request.headers
+        # only a seq other than If-Match's is a failed precondition; other conflicts are 409
+        stale = isinstance(exc, errors.ConflictError) and exc.expected_seq is not None
         return error_problem(exc, instance=request.url.path, status=412 if stale else None)
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -265,18 +254,16 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
     @router.get(
         "/conversations/{conversation_id}",
         response_model=ConversationHead,
-        responses={200: with_etag("the head"), 304: NOT_MODIFIED},
+        responses={200: with_etag("the head")},
     )
     async def get_conversation(
-        store: Store, conversation_id: UUID, request: Request, response: Response
-    ) -> ConversationHead | Response:
-        """The head (counters, compaction state) and the compaction pressure; 304 when
-        ``If-None-Match`` names its ETag."""
+        store: Store, conversation_id: UUID, response: Response
+    ) -> ConversationHead:
+        """The head (counters, compaction state) and the compaction pressure. Its ETag is
+        the last seq, for If-Match; no 304 here, as the compaction state and the pressure
+        change without a new seq."""
         head = await _head(store, conversation_id)
-        tag = etag(head.conversation.last_seq)
-        if (unchanged := not_modified(request, tag)) is not None:
-            return unchanged
-        response.headers["ETag"] = tag
+        response.headers["ETag"] = etag(head.conversation.last_seq)
         return head
 
     @router.post(

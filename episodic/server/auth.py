@@ -1,5 +1,5 @@
-"""Who is asking: the API key in ``Authorization: Bearer``, verified against the key store,
-and the store scoped to its tenant. The key is left on the request for the access log."""
+"""Who is asking and what they sent: the API key in ``Authorization: Bearer``, verified
+against the key store (and left on the request for the access log), and a JSON body."""
 
 # No `from __future__ import annotations`: FastAPI reads these dependencies' annotations.
 from collections.abc import Awaitable, Callable
@@ -31,6 +31,19 @@ def key_dependency(keys: KeyStore) -> KeyOf:
         return key
 
     return key_of
+
+
+async def json_body(request: Request) -> None:
+    """Refuse a body that is not JSON with 415, before it is parsed (FastAPI would try)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json" and not kind.endswith("+json"):
+        raise errors.UnsupportedMediaTypeError(
+            f"the body must be JSON: send Content-Type: application/json, not {kind or 'none'}"
+        )
+
+
+#: the dependency of each route that reads a JSON body
+JsonBody = Depends(json_body)
 
 
 def require_operator(key: ApiKey, what: str) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 from uuid import UUID
 
 import orjson
@@ -307,15 +307,16 @@ def inspector_routes(root: EpisodicStore, keys: KeyStore) -> APIRouter:
     router = APIRouter(prefix="/ui", include_in_schema=False)
 
     async def operator_of(request: Request) -> ApiKey:
-        header = request.headers.get("authorization")
-        from_cookie = header is None
-        if header is not None:
-            scheme, _, secret = header.partition(" ")
-            if scheme.lower() != "bearer" or not secret.strip():
+        # a Bearer key for scripts; any other Authorization (a proxy's Basic) leaves the
+        # cookie to decide
+        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+        from_cookie = scheme.lower() != "bearer"
+        if not from_cookie:
+            secret = bearer.strip()
+            if not secret:
                 raise _Refused(
                     _sign_in_page(request, message="Authorization must be Bearer <key>.")
                 )
-            secret = secret.strip()
         else:
             secret = request.cookies.get(COOKIE, "")
             if not secret:
@@ -460,6 +461,8 @@ def inspector_routes(root: EpisodicStore, keys: KeyStore) -> APIRouter:
 
     @router.post("/sign-in", response_class=HTMLResponse)
     async def ui_sign_in(request: Request) -> Response:
+        if (refused := _cross_site(request)) is not None:
+            return refused
         form = _form(await request.body())
         target = safe_next(form.get("next"))
         secret = (form.get("key") or "").strip()
@@ -489,11 +492,33 @@ def inspector_routes(root: EpisodicStore, keys: KeyStore) -> APIRouter:
 
     @router.post("/sign-out", response_class=HTMLResponse)
     async def ui_sign_out(request: Request) -> Response:
+        if (refused := _cross_site(request)) is not None:
+            return refused
         response = RedirectResponse("/ui", status_code=303, headers=HEADERS)
         _forget(response, request)
         return response
 
     return router
+
+
+def _cross_site(request: Request) -> Response | None:
+    """A 403 for a sign-in or sign-out posted from another site (login CSRF: SameSite keeps
+    the cookie from being read cross-site, not from being set or cleared)."""
+    site = request.headers.get("sec-fetch-site")  # every current browser sends it
+    origin = request.headers.get("origin")
+    if site is not None:
+        foreign = site not in ("same-origin", "none")
+    else:  # an older browser: the Origin's host (not its scheme: TLS may end at a proxy)
+        foreign = origin is not None and urlsplit(origin).netloc != request.headers.get("host")
+    if foreign:
+        return _page(
+            "sign_in.html",
+            403,
+            message="Sign in from this page: a form on another site may not sign you in or out.",
+            next="/ui",
+            key=None,
+        )
+    return None
 
 
 def _tenant_key_refusal(key: ApiKey) -> str:

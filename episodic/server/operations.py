@@ -11,7 +11,7 @@ from uuid import UUID
 from fastapi import APIRouter, Depends, Query
 
 from episodic import errors
-from episodic.server.auth import KeyOf, require_operator
+from episodic.server.auth import JsonBody, KeyOf, require_operator
 from episodic.server.keys import ApiKey
 from episodic.server.problems import Problem
 from episodic.server.schemas import CompactionRun, ErasureRequest, Health
@@ -106,7 +106,9 @@ def operator_routes(
             seconds=result.seconds,
         )
 
-    @router.post("/conversations/{conversation_id}/erase", response_model=Erasure)
+    @router.post(
+        "/conversations/{conversation_id}/erase", response_model=Erasure, dependencies=[JsonBody]
+    )
     async def erase_conversation(key: Key, conversation_id: UUID, body: ErasureRequest) -> Erasure:
         """Remove the conversation and leave a tombstone (operator keys, in their tenant;
         the server's database role must be a member of episodic_eraser)."""

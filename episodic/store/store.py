@@ -575,8 +575,8 @@ class EpisodicStore:
         return found
 
     async def read_attempts(self, conversation_id: UUID | str) -> list[AttemptRecord]:
-        """The conversation's compaction attempts, in the order they ended (what ``episodic
-        status`` and the inspector show; exports carry them too)."""
+        """The conversation's compaction attempts, in the order they ended (the inspector
+        shows them; exports carry them too)."""
         cid = await self._parsed(conversation_id)
         found = await retry_transient(lambda: self._backend.read_attempts(cid), safe=True)
         if not found and await self._backend.get_conversation(cid) is None:

@@ -40,15 +40,6 @@ async def snapshot(store: EpisodicStore) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-async def keys(store: EpisodicStore, database_url: str) -> AsyncIterator[KeyStore]:
-    opened = KeyStore.open(database_url)
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
-
-@pytest.fixture
 async def http(store: EpisodicStore, keys: KeyStore) -> AsyncIterator[httpx.AsyncClient]:
     """The app as `episodic serve` makes it by default (8 MiB bodies), with "compact now"."""
     compaction = ManualCompaction(ExtractiveSummarizer(), CompactionOptions(), 60.0)
@@ -148,6 +139,12 @@ async def test_bad_input_is_a_problem_and_changes_nothing(
          415, "UnsupportedMediaTypeError"),
         ("form data", "POST", "/v1/conversations", {"data": {"metadata": "x"}}, 415,
          "UnsupportedMediaTypeError"),
+        ("an erasure in plain text", "POST", f"/v1/conversations/{cid}/erase",
+         {"content": b'{"reason": "x"}', "headers": {"Content-Type": "text/plain"}}, 415,
+         "UnsupportedMediaTypeError"),
+        ("a taken id, with If-Match", "POST", "/v1/conversations",
+         {"json": {"conversation_id": cid}, "headers": {"If-Match": '"1"'}}, 409,
+         "ConflictError"),
         ("a huge page of events", "GET", f"/v1/conversations/{cid}/events",
          {"params": {"limit": 10**9}}, 422, "ValidationError"),
         ("a huge page of conversations", "GET", "/v1/conversations",

@@ -97,15 +97,6 @@ async def compacted_conversation(store: EpisodicStore) -> Compacted:
 
 
 @pytest.fixture
-async def keys(store: EpisodicStore, database_url: str) -> AsyncIterator[KeyStore]:
-    opened = KeyStore.open(database_url)
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
-
-@pytest.fixture
 async def browser(store: EpisodicStore, keys: KeyStore) -> AsyncIterator[httpx.AsyncClient]:
     """A client sending no key, keeping cookies as a browser does."""
     transport = httpx.ASGITransport(app=create_app(store, keys))
@@ -174,6 +165,27 @@ async def test_sign_in_sets_a_strict_http_only_cookie_and_sign_out_clears_it(
     assert f'{COOKIE}=""' in out.headers["set-cookie"]
     assert "max-age=0" in out.headers["set-cookie"].lower()
     assert (await browser.get("/ui")).status_code == 401
+
+
+async def test_another_site_may_not_sign_in_or_out(
+    browser: httpx.AsyncClient, operator: str
+) -> None:
+    for headers in ({"Sec-Fetch-Site": "cross-site"}, {"Origin": "https://evil.example"}):
+        forged = await browser.post(
+            "/ui/sign-in", data={"key": operator}, headers=headers, follow_redirects=False
+        )
+        assert forged.status_code == 403
+        assert "set-cookie" not in forged.headers
+    same = {"Sec-Fetch-Site": "same-origin", "Origin": "https://evil.example"}
+    signed = await browser.post(
+        "/ui/sign-in", data={"key": operator}, headers=same, follow_redirects=False
+    )
+    assert signed.status_code == 303  # the browser's own word wins over an Origin
+    out = await browser.post("/ui/sign-out", headers={"Sec-Fetch-Site": "same-site"})
+    assert out.status_code == 403
+    # a proxy's Basic credentials beside the cookie: the cookie still signs in
+    behind_proxy = await browser.get("/ui", headers={"Authorization": "Basic dXNlcjpwdw=="})
+    assert behind_proxy.status_code == 200
 
 
 async def test_a_revoked_key_is_signed_out(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -31,8 +32,9 @@ pytestmark = pytest.mark.postgres_only
 ROOT = Path(__file__).resolve().parents[2]
 #: Read at import: the tests' environment is scrubbed of EPISODIC_* variables.
 ARTIFACTS = Path(os.environ.get("EPISODIC_TEST_ARTIFACTS") or ROOT / "artifacts")
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
+#: Debian's chromium and chromium-driver, wherever PATH finds them
+CHROMIUM = Path(shutil.which("chromium") or "/usr/bin/chromium")
+CHROMEDRIVER = Path(shutil.which("chromedriver") or "/usr/bin/chromedriver")
 WINDOW = (1280, 1600)
 
 
