@@ -10,21 +10,17 @@ import asyncio
 import base64
 import os
 import shutil
-import signal
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from episodic import EpisodicStore, Message
-from tests.acceptance.test_cli import EPISODIC, clean_env, run_cli
+from tests.acceptance.test_cli import clean_env, run_cli
 from tests.conftest import isolated_settings
+from tests.server.live import serving
 from tests.server.test_inspector import SUMMARY, Compacted, compacted_conversation
-from tests.server.test_serve_cli import _free_port
 from tests.support import REQUIRE_EXTRAS, require_extra
 
 pytestmark = pytest.mark.postgres_only
@@ -84,32 +80,8 @@ def server(postgres_url: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
         "keys", "create", "--tenant", "acme", "--operator", "--label", "ui", cwd=tmp_path, env=env
     )
     assert created.code == 0, created.output
-    port = _free_port()
-    process = subprocess.Popen(
-        [str(EPISODIC), "serve", "--port", str(port)],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        encoding="utf-8",
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, process.communicate()[0]
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.1)
-        yield base, created.stdout.strip()
-    finally:
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=30)
-        assert process.returncode == 0, output
+    with serving(tmp_path, env) as served:
+        yield served.base, created.stdout.strip()
 
 
 def _full_page_screenshot(driver: Any, path: Path) -> None:

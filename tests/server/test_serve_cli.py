@@ -4,22 +4,12 @@ key, and exits 0 on SIGTERM after finishing."""
 
 from __future__ import annotations
 
-import signal
-import socket
-import subprocess
-import time
 from pathlib import Path
 
 import httpx
 
-from tests.acceptance.test_cli import EPISODIC, clean_env, run_cli
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+from tests.acceptance.test_cli import clean_env, run_cli
+from tests.server.live import serving
 
 
 def test_keys_and_serve(database_url: str, tmp_path: Path) -> None:
@@ -39,34 +29,12 @@ def test_keys_and_serve(database_url: str, tmp_path: Path) -> None:
     assert unknown.stderr.startswith("error: no API key has the id 'nope'")
     assert "Traceback" not in unknown.output
 
-    port = _free_port()
-    server = subprocess.Popen(
-        [str(EPISODIC), "serve", "--port", str(port)],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        encoding="utf-8",
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.1)
+    with serving(tmp_path, env) as server:
+        base = server.base
         headers = {"Authorization": f"Bearer {secret}"}
         created_conversation = httpx.post(f"{base}/v1/conversations", json={}, headers=headers)
         assert created_conversation.status_code == 201
         assert httpx.get(f"{base}/readyz").status_code == 200
         assert run_cli("keys", "revoke", key_id, cwd=tmp_path, env=env).code == 0
         assert httpx.get(f"{base}/v1/conversations", headers=headers).status_code == 401
-    finally:
-        server.send_signal(signal.SIGTERM)
-        output, _ = server.communicate(timeout=30)
-    assert server.returncode == 0, output
-    assert "Application shutdown complete" in output
+    assert "Application shutdown complete" in server.output

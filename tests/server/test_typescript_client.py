@@ -15,18 +15,16 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.acceptance.test_cli import EPISODIC, clean_env, run_cli
-from tests.server.test_serve_cli import _free_port
+from tests.acceptance.test_cli import clean_env, run_cli
+from tests.server.live import serving
 from tests.support import REQUIRE_EXTRAS
 
 pytestmark = pytest.mark.postgres_only
@@ -112,19 +110,6 @@ def _install(env: dict[str, str]) -> None:
     _run(["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund"], env, NPM_CI_TIMEOUT)
 
 
-def _wait_until_up(base: str, server: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if httpx.get(f"{base}/healthz").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert server.poll() is None, "the server exited"
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.1)
-
-
 def test_a_generated_typescript_client(postgres_url: str, tmp_path: Path) -> None:
     node_env = _require_node()
     _install(node_env)
@@ -135,18 +120,8 @@ def test_a_generated_typescript_client(postgres_url: str, tmp_path: Path) -> Non
     assert created_key.code == 0, created_key.output
     secret = created_key.stdout.strip()
 
-    port = _free_port()
-    server = subprocess.Popen(
-        [str(EPISODIC), "serve", "--port", str(port)],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        encoding="utf-8",
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        _wait_until_up(base, server)
+    with serving(tmp_path, env) as server:
+        base = server.base
         spec = tmp_path / "openapi.json"
         spec.write_bytes(httpx.get(f"{base}/openapi.json").raise_for_status().content)
 
@@ -163,10 +138,6 @@ def test_a_generated_typescript_client(postgres_url: str, tmp_path: Path) -> Non
             headers={"Authorization": f"Bearer {secret}"},
         ).json()["events"]
         assert [event["seq"] for event in events] == [1, 2, 3, 4, 5]
-    finally:
-        server.send_signal(signal.SIGTERM)
-        output, _ = server.communicate(timeout=30)
-    assert server.returncode == 0, output
 
     cid = seen["created"]["id"]
     assert seen["created"] == {

@@ -1,0 +1,64 @@
+"""``episodic serve`` as a person runs it, for the tests that need a real server: started on
+a free port, waited for, stopped with SIGTERM, and required to exit 0."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from tests.acceptance.test_cli import EPISODIC
+
+STARTUP_SECONDS = 20
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@dataclass
+class Served:
+    base: str
+    #: what the server printed, once it has stopped
+    output: str = ""
+
+
+@contextmanager
+def serving(cwd: Path, env: dict[str, str]) -> Iterator[Served]:
+    """A running ``episodic serve``; on leaving, SIGTERM, then its exit code must be 0."""
+    port = free_port()
+    process = subprocess.Popen(
+        [str(EPISODIC), "serve", "--port", str(port)],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        encoding="utf-8",
+    )
+    served = Served(f"http://127.0.0.1:{port}")
+    try:
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while True:
+            try:
+                if httpx.get(f"{served.base}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None, process.communicate()[0]
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
+        yield served
+    finally:
+        process.send_signal(signal.SIGTERM)
+        served.output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, served.output
