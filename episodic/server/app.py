@@ -83,7 +83,8 @@ def expected_seq(if_match: str | None) -> int | None:
     if if_match is None:
         return None
     value = if_match.strip().removeprefix("W/").strip('"')
-    if not value.isdigit():
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+    if not (value.isascii() and value.isdigit()):
         raise errors.ValidationError(
             f'If-Match must be a head\'s ETag such as "12", not {if_match!r}', field="If-Match"
         )
@@ -118,8 +119,23 @@ class EpisodicApp(FastAPI):
                     content = response.get("content", {})
                     if code[0] in "45" and "application/json" in content:
                         content[PROBLEM_MEDIA_TYPE] = content.pop("application/json")
+        _without_null_parameters(schema)
         add_links(schema)
         return schema
+
+
+def _without_null_parameters(schema: dict[str, Any]) -> None:
+    """An optional header or query parameter left out is None, but null has no spelling on
+    the wire (a client would send the text "null"): document only the value's own type."""
+    for item in schema.get("paths", {}).values():
+        for operation in item.values():
+            for parameter in operation.get("parameters", []) if isinstance(operation, dict) else []:
+                declared = parameter.get("schema", {})
+                options = declared.get("anyOf", [])
+                kept = [option for option in options if option != {"type": "null"}]
+                if parameter.get("in") != "path" and len(kept) == 1 < len(options):
+                    rest = {key: value for key, value in declared.items() if key != "anyOf"}
+                    parameter["schema"] = {**kept[0], **rest}
 
 
 def create_app(
@@ -184,6 +200,12 @@ def _handle_errors(app: FastAPI) -> None:
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 400 and exc.__cause__ is not None:
+            # FastAPI could not read the body (not UTF-8, say): as invalid as malformed JSON
+            return error_problem(
+                errors.ValidationError(f"the body is not JSON: {exc.__cause__}", field="body"),
+                instance=request.url.path,
+            )
         return problem(
             exc.status_code,
             exc.detail if isinstance(exc.detail, str) else None,
@@ -208,6 +230,13 @@ def _handle_errors(app: FastAPI) -> None:
             errors=found,
         )
 
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        # the traceback still reaches the log: Starlette re-raises after this response
+        return problem(
+            500, "an unexpected error (the server's log has it)", instance=request.url.path
+        )
+
+    app.add_exception_handler(Exception, unexpected)
     app.add_exception_handler(errors.EpisodicError, episodic_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, invalid_request)
@@ -285,13 +314,18 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
             str | None,
             Header(
                 alias="Idempotency-Key",
+                min_length=1,
                 max_length=200,
                 description="the same key and body: the first response, nothing appended",
             ),
         ] = None,
         if_match: Annotated[
             str | None,
-            Header(alias="If-Match", description="the head's ETag: refuse a stale append"),
+            Header(
+                alias="If-Match",
+                pattern=r'^\s*(W/)?"?[0-9]+"?\s*$',
+                description="the head's ETag: refuse a stale append",
+            ),
         ] = None,
     ) -> Appended:
         """Append a batch of messages atomically."""
@@ -310,7 +344,7 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
     async def read_events(
         store: Store,
         conversation_id: UUID,
-        after_seq: Annotated[int, Query(ge=0)] = 0,
+        after_seq: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
         limit: Page = 100,
     ) -> EventPage:
         """The log itself, oldest first, a page at a time (audits and exports)."""

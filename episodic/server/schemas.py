@@ -84,7 +84,9 @@ class ErasureRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    reason: str = Field(min_length=1, max_length=2_000)
+    #: no NUL: the tombstone's text column cannot hold it (the store refuses it; the pattern
+    #: says so in the schema)
+    reason: str = Field(min_length=1, max_length=2_000, pattern=r"^[^\x00]*$")
 
 
 class Health(BaseModel):

@@ -37,14 +37,17 @@ class Served:
 def serving(cwd: Path, env: dict[str, str]) -> Iterator[Served]:
     """A running ``episodic serve``; on leaving, SIGTERM, then its exit code must be 0."""
     port = free_port()
-    process = subprocess.Popen(
-        [str(EPISODIC), "serve", "--port", str(port)],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        encoding="utf-8",
-    )
+    # a file, not a pipe: the server logs every request, more than a pipe holds unread
+    log = cwd / "serve.log"
+    with log.open("w", encoding="utf-8") as sink:
+        process = subprocess.Popen(
+            [str(EPISODIC), "serve", "--port", str(port)],
+            cwd=cwd,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            encoding="utf-8",
+        )
     served = Served(f"http://127.0.0.1:{port}")
     try:
         deadline = time.monotonic() + STARTUP_SECONDS
@@ -54,11 +57,12 @@ def serving(cwd: Path, env: dict[str, str]) -> Iterator[Served]:
                     break
             except httpx.TransportError:
                 pass
-            assert process.poll() is None, process.communicate()[0]
+            assert process.poll() is None, log.read_text(encoding="utf-8")
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.1)
         yield served
     finally:
         process.send_signal(signal.SIGTERM)
-        served.output, _ = process.communicate(timeout=30)
+        process.wait(timeout=30)
+        served.output = log.read_text(encoding="utf-8")
     assert process.returncode == 0, served.output

@@ -50,6 +50,8 @@ _require_browser()
 from selenium.webdriver.chrome.options import Options  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions  # noqa: E402
+from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
 
 
 @pytest.fixture
@@ -82,6 +84,17 @@ def server(postgres_url: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
     assert created.code == 0, created.output
     with serving(tmp_path, env) as served:
         yield served.base, created.stdout.strip()
+
+
+def _navigate(driver: Any, element: Any) -> None:
+    """Click ``element`` and wait for the page it leads to: a click returns before a form's
+    POST and its redirect have loaded the next page."""
+    page = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(driver, 15).until(expected_conditions.staleness_of(page))
+    WebDriverWait(driver, 15).until(
+        lambda d: d.execute_script("return document.readyState") == "complete"
+    )
 
 
 def _full_page_screenshot(driver: Any, path: Path) -> None:
@@ -133,7 +146,7 @@ def test_an_operator_inspects_a_compacted_conversation(
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     _full_page_screenshot(driver, ARTIFACTS / "inspector-sign-in.png")
     driver.find_element(By.NAME, "key").send_keys(secret)
-    driver.find_element(By.CSS_SELECTOR, "button[type=submit].primary").click()
+    _navigate(driver, driver.find_element(By.CSS_SELECTOR, "button[type=submit].primary"))
     # back where it started, signed in (the form's next)
     assert driver.current_url == f"{base}/ui/conversations/{made.conversation_id}"
     cookie = driver.get_cookie("episodic_ui_key")
@@ -168,11 +181,11 @@ def test_an_operator_inspects_a_compacted_conversation(
     _full_page_screenshot(driver, ARTIFACTS / "inspector-conversation-dark.png")
     driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
 
-    driver.find_element(By.LINK_TEXT, "Conversations").click()
+    _navigate(driver, driver.find_element(By.LINK_TEXT, "Conversations"))
     assert str(made.conversation_id) in driver.page_source
     listing = ARTIFACTS / "inspector-conversations.png"
     _full_page_screenshot(driver, listing)
     print(f"screenshot: {listing}")
-    driver.find_element(By.XPATH, "//button[text()='Sign out']").click()
+    _navigate(driver, driver.find_element(By.XPATH, "//button[text()='Sign out']"))
     assert "Sign in to the inspector" in driver.page_source
     assert driver.get_cookie("episodic_ui_key") is None
