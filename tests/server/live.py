@@ -29,6 +29,8 @@ def free_port() -> int:
 @dataclass
 class Served:
     base: str
+    #: where the server's output goes
+    log: Path
     #: what the server printed, once it has stopped
     output: str = ""
 
@@ -48,7 +50,7 @@ def serving(cwd: Path, env: dict[str, str]) -> Iterator[Served]:
             stderr=subprocess.STDOUT,
             encoding="utf-8",
         )
-    served = Served(f"http://127.0.0.1:{port}")
+    served = Served(f"http://127.0.0.1:{port}", log)
     try:
         deadline = time.monotonic() + STARTUP_SECONDS
         while True:

@@ -12,9 +12,6 @@ reachable with another tenant's key."""
 from __future__ import annotations
 
 import asyncio
-import signal
-import socket
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -40,7 +37,8 @@ from schemathesis.core.failures import FailureGroup
 from schemathesis.engine.errors import is_inconsistent_replay
 from schemathesis.generation.stateful.state_machine import APIStateMachine
 
-from tests.acceptance.test_cli import EPISODIC, clean_env, run_cli
+from tests.acceptance.test_cli import clean_env, run_cli
+from tests.server.live import Served, serving
 from tests.support import asyncpg_dsn
 
 pytestmark = pytest.mark.postgres_only
@@ -253,25 +251,10 @@ def credentials(case: Case[Any], key: str) -> dict[str, str]:
     return {} if case.operation.schema.is_security_param_negated(case) else bearer(key)
 
 
-@dataclass
-class Server:
-    base: str
-    log: Path
-    process: subprocess.Popen[bytes]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @pytest.fixture
-def server(postgres_url: str, tmp_path: Path) -> Iterator[tuple[Server, Keys]]:
+def server(postgres_url: str, tmp_path: Path) -> Iterator[tuple[Served, Keys]]:
     """``episodic serve`` on a fresh migrated database, with acme's tenant and operator keys
-    and globex's key. Its output goes to a file: it logs every request, more than a pipe
-    holds unread."""
+    and globex's key."""
     env = clean_env(EPISODIC_DATABASE_URL=postgres_url)
     keys: list[str] = []
     for extra in ([], ["--operator"], []):
@@ -279,33 +262,8 @@ def server(postgres_url: str, tmp_path: Path) -> Iterator[tuple[Server, Keys]]:
         made = run_cli("keys", "create", "--tenant", tenant, *extra, cwd=tmp_path, env=env)
         assert made.code == 0, made.output
         keys.append(made.stdout.strip())
-    port = free_port()
-    log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [str(EPISODIC), "serve", "--port", str(port)],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    started = Server(f"http://127.0.0.1:{port}", log, process)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"{started.base}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.1)
-        yield started, Keys(*keys)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=30)
-    assert process.returncode == 0, log.read_text(errors="replace")[-3000:]
+    with serving(tmp_path, env) as served:
+        yield served, Keys(*keys)
 
 
 def seed_conversation(base: str, key: str) -> str:
@@ -621,7 +579,7 @@ class TerminalSummary:
 
 
 def test_schemathesis_against_live_server(
-    server: tuple[Server, Keys],
+    server: tuple[Served, Keys],
     postgres_url: str,
     request: pytest.FixtureRequest,
     tmp_path: Path,
