@@ -728,8 +728,8 @@ def section(result: Result, meta: dict[str, str]) -> str:
             "",
             "**Machine note:** the server, the benchmark client and PostgreSQL share the same",
             "2 cores, and the HTTP side includes the client's own httpx cost (see the",
-            "`GET /healthz` row for the HTTP + framework floor). Other work ran on the machine",
-            "at the same time, so read the overheads and ratios rather than absolute times.",
+            "`GET /healthz` row for the HTTP + framework floor); the sides alternate in rounds,",
+            "so noise hits both, but read the overheads and ratios rather than absolute times.",
             "",
             *run_facts(meta),
             f"- server: `{result.server}`, one worker: {result.stack}; {result.log_lines:,} "
