@@ -1,5 +1,6 @@
-"""Structured access logs: one JSON object per request on the ``episodic.access`` logger,
-with what an operator filters on (route template, status, latency, tenant, key, request id).
+"""The one middleware that observes each request: its metrics (``observe``) and its access
+log line, one JSON object on the ``episodic.access`` logger with what an operator filters on
+(route template, status, latency, tenant, key, request id).
 The request id comes from ``X-Request-ID`` when the client (or a proxy) sends one, and is
 echoed back either way, so a client's report and the server's log line can be matched."""
 
@@ -13,13 +14,15 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
 
+from episodic.server.metrics import Observe
+
 logger = logging.getLogger("episodic.access")
 REQUEST_ID = "X-Request-ID"
 #: a client's request id is kept only when it is this short (it goes into every log line)
 MAX_REQUEST_ID = 200
 
 
-def log_access(app: FastAPI) -> None:
+def observe_requests(app: FastAPI, observe: Observe) -> None:
     @app.middleware("http")
     async def access(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
@@ -34,16 +37,19 @@ def log_access(app: FastAPI) -> None:
             response.headers[REQUEST_ID] = request_id
             return response
         finally:
+            elapsed = time.perf_counter() - started
+            # the template, not the path: one series per route, not per conversation
+            route = getattr(request.scope.get("route"), "path", None)
+            observe(route or "unmatched", request.method, status, elapsed)
             if logger.isEnabledFor(logging.INFO):
                 key = getattr(request.state, "api_key", None)
-                route = request.scope.get("route")
                 record = {
                     "request_id": request_id,
                     "method": request.method,
-                    "route": getattr(route, "path", None),
+                    "route": route,
                     "path": request.url.path,
                     "status": status,
-                    "ms": round((time.perf_counter() - started) * 1000, 2),
+                    "ms": round(elapsed * 1000, 2),
                     "tenant": key.tenant_id if key is not None else None,
                     "key": key.key_id if key is not None else None,
                     "client": request.client.host if request.client is not None else None,

@@ -21,7 +21,7 @@ from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from episodic import errors
-from episodic.server.access_log import REQUEST_ID, log_access
+from episodic.server.access_log import REQUEST_ID, observe_requests
 from episodic.server.auth import JsonBody, KeyOf, key_dependency
 from episodic.server.inspector import inspector_routes
 from episodic.server.keys import ApiKey, KeyStore
@@ -180,8 +180,7 @@ def create_app(
                            "If-None-Match", REQUEST_ID],
             expose_headers=["ETag", "Location", "Retry-After", REQUEST_ID],
         )  # fmt: skip
-    instrument(app)
-    log_access(app)
+    observe_requests(app, instrument(app))
     _handle_errors(app)
     key_of = key_dependency(keys)
     app.include_router(_routes(store, key_of))

@@ -3,16 +3,19 @@ their latency. Each app has its own registry (two apps in one process do not col
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
 
+#: what the request observer reports for each request: route template, method, status, seconds
+Observe = Callable[[str, str, int, float], None]
 
-def instrument(app: FastAPI) -> None:
-    """Count and time every request, and serve the figures at ``/metrics``."""
+
+def instrument(app: FastAPI) -> Observe:
+    """Serve the figures at ``/metrics``; returns what counts and times one request (the
+    access log's middleware calls it: one middleware observes each request once)."""
     registry = CollectorRegistry()
     requests = Counter(
         "episodic_http_requests",
@@ -27,23 +30,12 @@ def instrument(app: FastAPI) -> None:
         registry=registry,
     )
 
-    @app.middleware("http")
-    async def measure(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        started = time.perf_counter()
-        status = 500
-        try:
-            response = await call_next(request)
-            status = response.status_code
-            return response
-        finally:
-            route = request.scope.get("route")
-            # the template, not the path: one series per route, not per conversation
-            template = getattr(route, "path", "unmatched")
-            requests.labels(template, request.method, str(status)).inc()
-            seconds.labels(template, request.method).observe(time.perf_counter() - started)
+    def observe(route: str, method: str, status: int, elapsed: float) -> None:
+        requests.labels(route, method, str(status)).inc()
+        seconds.labels(route, method).observe(elapsed)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return observe
