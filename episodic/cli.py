@@ -32,7 +32,16 @@ from rich.table import Table
 from rich.text import Text
 
 from episodic import __version__
-from episodic.display import describe_event, describe_message, event_kind, short_id, shown
+from episodic.cli_help import HelpTyper
+from episodic.display import (
+    clip,
+    counted,
+    describe_event,
+    describe_message,
+    event_kind,
+    short_id,
+    shown,
+)
 from episodic.errors import (
     ConflictError,
     EpisodicError,
@@ -46,7 +55,7 @@ from episodic.store.checks import parse_conversation_id
 from episodic.store.erasure import Erasure, check_reason
 from episodic.store.transfer import ImportSummary
 
-app = typer.Typer(
+app = HelpTyper(
     name="episodic",
     help="A durable, append-only episodic history for AI-agent conversations.",
     add_completion=False,
@@ -75,7 +84,7 @@ DatabaseUrlOption = Annotated[
         "--database-url",
         envvar="EPISODIC_DATABASE_URL",
         show_envvar=True,
-        help="postgresql+asyncpg://... or sqlite+aiosqlite:///file.db \\[default: ./episodic.db]",
+        help="postgresql+asyncpg://... or sqlite+aiosqlite:///file.db",
     ),
 ]
 
@@ -88,8 +97,18 @@ TenantOption = Annotated[
     ),
 ]
 
+ConversationIdArgument = Annotated[
+    str,
+    typer.Argument(
+        metavar="CONVERSATION_ID", help="The conversation's id, as episodic list prints it."
+    ),
+]
+
 WideOption = Annotated[
-    bool, typer.Option("--wide", help="Print whole conversation ids and texts (wider than 80).")
+    bool,
+    typer.Option(
+        "--wide", help="Print whole ids, tenants, texts and times (wider than the terminal)."
+    ),
 ]
 
 
@@ -138,8 +157,9 @@ def _run(work: Callable[[EpisodicStore], Awaitable[T]], settings: EpisodicSettin
 
 @app.command()
 def migrate(database_url: DatabaseUrlOption = None) -> None:
-    """Create or upgrade episodic's tables (alembic upgrade head). Safe to run from many
-    processes at once."""
+    """Create or upgrade episodic's tables (alembic upgrade head).
+
+    Safe to run from many processes at once."""
     settings = _settings(database_url=database_url)
 
     async def work(store: EpisodicStore) -> str:
@@ -156,7 +176,7 @@ def migrate(database_url: DatabaseUrlOption = None) -> None:
 
 @app.command()
 def show(
-    conversation_id: Annotated[str, typer.Argument(help="The conversation's UUID.")],
+    conversation_id: ConversationIdArgument,
     database_url: DatabaseUrlOption = None,
     after_seq: Annotated[int, typer.Option(min=0, help="Show events after this seq.")] = 0,
     limit: Annotated[
@@ -174,8 +194,9 @@ def show(
     ] = None,
     tenant: TenantOption = None,
 ) -> None:
-    """Print a conversation's head counters and its events, or with --context the messages
-    the next request would load, with token counts."""
+    """Print a conversation's head counters and its events.
+
+    With --context, the messages the next request would load instead, with token counts."""
     settings = _settings(database_url=database_url)
 
     async def work(store: EpisodicStore) -> None:
@@ -189,7 +210,7 @@ def show(
             Text.assemble(
                 (str(head.conversation_id), "bold"),
                 f"  tenant={shown(head.tenant_id, 40)}  last_seq={head.last_seq}  "
-                f"context≈{head.context_tokens:,} tokens  "
+                f"context≈{counted(head.context_tokens, 'token')}  "
                 f"user messages={head.total_user_messages}  "
                 f"open tool calls={len(head.open_tool_calls)}",
             )
@@ -210,7 +231,7 @@ def show(
         if shown_through < head.last_seq:
             console.print(
                 Text(
-                    f"showing {len(events)} events through seq {shown_through} of "
+                    f"showing {counted(len(events), 'event')} through seq {shown_through} of "
                     f"{head.last_seq}; for the next ones: episodic show {head.conversation_id} "
                     f"--after-seq {shown_through}"
                 )
@@ -232,23 +253,37 @@ def list_(
     ] = None,
     wide: WideOption = False,
 ) -> None:
-    """List conversations, newest first, a page at a time."""
+    """List conversations, newest first, a page at a time.
+
+    Each conversation's id is printed whole, as show, compact, erase and export take it."""
     settings = _settings(database_url=database_url)
 
     async def work(store: EpisodicStore) -> None:
         store = _scoped(store, tenant)
         page = await store.list_conversations(limit=limit, before=before)
-        table = _plain_table("conversation", "tenant", "created", "seq", "tokens", "state")
-        for head in page:
-            table.add_row(
-                short_id(head.conversation_id, wide=wide),
-                Text(shown(head.tenant_id, None if wide else 12)),
-                head.created_at.strftime("%Y-%m-%d %H:%M"),
+        # Ids are whole, wide or not: they are what show, compact, erase and export take (a
+        # prefix would need a lookup the store does not have). To fit the terminal, the
+        # tenant is what gives way, then the creation time.
+        headers = ("conversation", "tenant", "created", "seq", "tokens", "state")
+        rows = [
+            [
+                str(head.conversation_id),
+                shown(head.tenant_id),
+                head.created_at.strftime("%Y-%m-%d %H:%M" if wide else "%Y-%m-%d"),
                 str(head.last_seq),
                 f"{head.context_tokens:,}",
                 _state_of(head.due_since, head.dead_since, head.lease_expires_at),
-            )
-        console.print(table)
+            ]
+            for head in page
+        ]
+        if not wide:
+            room = _room_for(1, headers, rows, console.width)
+            for row in rows:
+                row[1] = clip(row[1], room)
+        table = _plain_table(*headers)
+        for row in rows:
+            table.add_row(*(Text(cell) for cell in row))
+        _print_table(table, whole=True)
         if len(page) == limit:
             last = page[-1].conversation_id
             console.print(Text(f"more: episodic list --before {last}"))
@@ -266,7 +301,7 @@ def worker(
         typer.Option(
             envvar="EPISODIC_WORKER_CONCURRENCY",
             show_envvar=True,
-            help="Compactions in flight at once in this process. [default: 4]",
+            help="Compactions in flight at once in this process.",
         ),
     ] = None,
     once: Annotated[
@@ -277,12 +312,14 @@ def worker(
         typer.Option(
             envvar="EPISODIC_METRICS_PORT",
             show_envvar=True,
-            help="Serve Prometheus metrics on this port.",
+            help="Serve Prometheus metrics on this port (none unless set).",
         ),
     ] = None,
 ) -> None:
-    """Run the compaction worker: claim due conversations, summarize, write boundaries. Stops
-    gracefully on SIGTERM/SIGINT. Run as many as you like, on as many machines."""
+    """Run the compaction worker: compact conversations as they fall due.
+
+    It claims due conversations, summarizes them and writes boundaries, until SIGTERM or
+    SIGINT stops it gracefully. Run as many as you like, on as many machines."""
     from episodic.worker import WorkerMetrics
     from episodic.worker.setup import worker_from_settings
 
@@ -299,7 +336,9 @@ def worker(
         if once:
             results = await runner.run_once()
             outcomes = Counter(result.outcome for result in results)
-            console.print(f"{len(results)} attempts: {dict(outcomes) or 'nothing was due'}")
+            console.print(
+                f"{counted(len(results), 'attempt')}: {dict(outcomes) or 'nothing was due'}"
+            )
             return
         runner.install_signal_handlers()
         await runner.run()
@@ -319,8 +358,10 @@ def status(
     tenant: TenantOption = None,
     wide: WideOption = False,
 ) -> None:
-    """Compaction status: the due, leased, failing and dead conversations (dead first) with
-    their errors, and the latest attempts."""
+    """Show compaction status: what is queued, and the latest attempts.
+
+    The due, leased, failing and dead conversations (dead first) with their errors, and the
+    latest attempts."""
     settings = _settings(database_url=database_url)
 
     async def work(store: EpisodicStore) -> None:
@@ -342,7 +383,7 @@ def status(
                     _when(entry.next_attempt_at if entry.state != "leased" else None, wide),
                 )
             console.print()
-            console.print(queue)
+            _print_table(queue, whole=wide)
             failed = [entry for entry in state.conversations if entry.last_error]
             if failed:
                 console.print()
@@ -372,19 +413,20 @@ def status(
                 attempts.add_row(*cells)
             console.print()
             console.print("recent attempts")
-            console.print(attempts)
+            _print_table(attempts, whole=wide)
 
     _run(work, settings)
 
 
 @app.command()
 def compact(
-    conversation_id: Annotated[str, typer.Argument(help="The conversation's UUID.")],
+    conversation_id: ConversationIdArgument,
     database_url: DatabaseUrlOption = None,
     tenant: TenantOption = None,
 ) -> None:
-    """Compact one conversation now, due or not (a boundary with reason manual_recovery),
-    with the summarizer the settings name."""
+    """Compact one conversation now, due or not.
+
+    Writes a boundary with reason manual_recovery, with the summarizer the settings name."""
     from episodic.worker import compact_claimed
     from episodic.worker.setup import worker_from_settings
 
@@ -403,10 +445,11 @@ def compact(
         result = await compact_claimed(
             store, runner.summarizer, claim, worker=owner, options=runner.options
         )
+        after = result.tokens_after
         console.print(
             Text(
                 f"{result.outcome}: ≈{result.tokens_before or 0:,} → "
-                f"≈{result.tokens_after if result.tokens_after is not None else '?'} tokens"
+                + ("≈? tokens" if after is None else f"≈{counted(after, 'token')}")
                 + (f" ({shown(result.error, 200)})" if result.error else "")
             )
         )
@@ -429,7 +472,11 @@ def erase(
     ],
     conversation_id: Annotated[
         str | None,
-        typer.Argument(help="The conversation's UUID (or --tenant).", show_default=False),
+        typer.Argument(
+            metavar="CONVERSATION_ID",
+            help="The conversation's id, as episodic list prints it (or --tenant).",
+            show_default=False,
+        ),
     ] = None,
     tenant: Annotated[
         str | None,
@@ -440,10 +487,12 @@ def erase(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
     database_url: DatabaseUrlOption = None,
 ) -> None:
-    """Erase a conversation, or with --tenant a whole tenant, completely: every event,
-    compaction attempt and head, leaving only a tombstone (counts, reason, when, by which
-    role; no content). It cannot be undone: asks first, unless --yes. On PostgreSQL it needs
-    a role in episodic_eraser (or the tables' owner)."""
+    """Erase a conversation, or a whole tenant, leaving only a tombstone.
+
+    Every event, compaction attempt and head of the conversation goes (with --tenant, of
+    every conversation of the tenant, and its shared state); the tombstone keeps counts,
+    reason, when and by which role, no content. It cannot be undone: asks first, unless
+    --yes. On PostgreSQL it needs a role in episodic_eraser (or the tables' owner)."""
     _one_of(ctx, conversation_id, tenant)
     settings = _settings(database_url=database_url)
     why = check_reason(reason)
@@ -459,7 +508,7 @@ def erase(
         if not yes:
             count = await scoped.count_conversations(tenant)
             _confirm(
-                f"Erase tenant {shown(tenant)} completely, its {_many(count, 'conversation')} "
+                f"Erase tenant {shown(tenant)} completely, its {counted(count, 'conversation')} "
                 "and its shared state? They cannot be recovered"
             )
         return await scoped.erase_tenant(tenant, reason=why)
@@ -472,7 +521,11 @@ def export(
     ctx: typer.Context,
     conversation_id: Annotated[
         str | None,
-        typer.Argument(help="The conversation's UUID (or --tenant).", show_default=False),
+        typer.Argument(
+            metavar="CONVERSATION_ID",
+            help="The conversation's id, as episodic list prints it (or --tenant).",
+            show_default=False,
+        ),
     ] = None,
     tenant: Annotated[
         str | None,
@@ -488,14 +541,16 @@ def export(
             "--output",
             "-o",
             dir_okay=False,
-            help="Write to this file, replaced only once the export is whole \\[default: stdout]",
+            help="Write to this file, replaced only once the export is whole.  [default: stdout]",
         ),
     ] = None,
     database_url: DatabaseUrlOption = None,
 ) -> None:
-    """Write a conversation's whole log, or with --tenant a tenant's, as JSON lines that
-    episodic import recreates anywhere (either backend): every event with its seq, timestamps
-    and idempotency keys, the compaction attempts, a checksum. Export the import again and the
+    """Write a conversation's whole log, or a tenant's, as JSON lines.
+
+    With --tenant, every conversation of the tenant, then its shared state. episodic import
+    recreates them anywhere (either backend): every event with its seq, timestamps and
+    idempotency keys, the compaction attempts, a checksum. Export the import again and the
     bytes are the same."""
     _one_of(ctx, conversation_id, tenant)
     settings = _settings(database_url=database_url)
@@ -547,9 +602,9 @@ def export(
         what = (
             f"conversation {conversation_id}"
             if tenant is None
-            else f"{_many(conversations, 'conversation')} of tenant {shown(tenant, 40)}"
+            else f"{counted(conversations, 'conversation')} of tenant {shown(tenant, 40)}"
         )
-        errors.print(Text(f"exported {what} to {shown(str(output))} ({_many(lines, 'line')})"))
+        errors.print(Text(f"exported {what} to {shown(str(output))} ({counted(lines, 'line')})"))
 
 
 @app.command(name="import")
@@ -567,7 +622,7 @@ def import_(
     tenant: Annotated[
         str | None,
         typer.Option(
-            "--tenant", help="Import into this tenant \\[default: each conversation's own]"
+            "--tenant", help="Import into this tenant.  [default: each conversation's own]"
         ),
     ] = None,
     reuse_erased_ids: Annotated[
@@ -580,9 +635,11 @@ def import_(
     ] = False,
     database_url: DatabaseUrlOption = None,
 ) -> None:
-    """Recreate the conversations of an export file, and its shared state. The whole file is
-    checked first (nothing is written if a line is wrong); then each conversation is imported
-    all or nothing, in file order. An id that exists here is refused."""
+    """Recreate the conversations of an export file, and its shared state.
+
+    The whole file is checked first (nothing is written if a line is wrong); then each
+    conversation is imported all or nothing, in file order. An id that exists here is
+    refused."""
     settings = _settings(database_url=database_url)
 
     async def work(store: EpisodicStore) -> ImportSummary:
@@ -614,17 +671,18 @@ def import_(
         one = imported[0]
         what = (
             f"conversation {one.conversation_id} (tenant {shown(one.tenant_id, 40)}, "
-            f"{_many(one.events, 'event')}, {_many(one.compaction_attempts, 'compaction attempt')})"
+            f"{counted(one.events, 'event')}, "
+            f"{counted(one.compaction_attempts, 'compaction attempt')})"
         )
     else:
         events = sum(entry.events for entry in imported)
         attempts = sum(entry.compaction_attempts for entry in imported)
         what = (
-            f"{_many(len(imported), 'conversation')} ({_many(events, 'event')}, "
-            f"{_many(attempts, 'compaction attempt')})"
+            f"{counted(len(imported), 'conversation')} ({counted(events, 'event')}, "
+            f"{counted(attempts, 'compaction attempt')})"
         )
     if summary.shared_states:
-        what += f" and {_many(summary.shared_states, 'shared-state scope')}"
+        what += f" and {counted(summary.shared_states, 'shared-state scope')}"
     console.print(Text(f"imported {what} from {shown(str(file))}"))
 
 
@@ -635,11 +693,13 @@ def demo(
         typer.Option(
             "--directory",
             file_okay=False,
-            help="Where to create episodic-demo.db \\[default: a new temporary directory]",
+            help="Where to create episodic-demo.db.  [default: a new temporary directory]",
         ),
     ] = None,
 ) -> None:
-    """Play a long agent session into a SQLite file, let the worker compact it, and show the
+    """See compaction at work on a demo session, in a SQLite file.
+
+    Plays a long agent session into a SQLite file, lets the worker compact it, and shows the
     raw log beside the context the next request would load. No server, no API key."""
     from episodic.demo import run_demo
 
@@ -651,19 +711,23 @@ def serve(
     database_url: DatabaseUrlOption = None,
     host: Annotated[
         str | None,
-        typer.Option(
-            envvar="EPISODIC_SERVER_HOST", show_envvar=True, help="Bind here. [default: 127.0.0.1]"
-        ),
+        typer.Option(envvar="EPISODIC_SERVER_HOST", show_envvar=True, help="The address to bind."),
     ] = None,
     port: Annotated[
         int | None,
         typer.Option(
-            envvar="EPISODIC_SERVER_PORT", show_envvar=True, help="Listen here. [default: 8080]"
+            envvar="EPISODIC_SERVER_PORT", show_envvar=True, help="The TCP port to listen on."
         ),
     ] = None,
 ) -> None:
-    """Serve the store over HTTP (the episodic[server] extra): /v1 for API-key holders (keys
-    from `episodic keys create`), /docs and /openapi.json. Stops gracefully on SIGTERM."""
+    """Serve the store over HTTP (needs the server extra).
+
+    /v1 for API-key holders (keys from `episodic keys create`), /docs and /openapi.json.
+    Stops gracefully on SIGTERM. Install the server extra with:
+
+    \b
+      pip install 'episodic-store[server]'
+    """
     try:
         import uvicorn
 
@@ -672,7 +736,7 @@ def serve(
         from episodic.server.operations import ManualCompaction
     except ImportError as exc:
         raise _refused(
-            f"episodic serve needs the server extra: pip install 'episodic[server]' ({exc})"
+            f"episodic serve needs the server extra: pip install 'episodic-store[server]' ({exc})"
         ) from exc
     settings = _settings(database_url=database_url, server_host=host, server_port=port)
     _log_with_timestamps()
@@ -703,7 +767,7 @@ def serve(
     asyncio.run(main())
 
 
-keys_app = typer.Typer(help="API keys of `episodic serve`: each is a tenant's.")
+keys_app = HelpTyper(help="API keys of `episodic serve`: each is a tenant's.")
 app.add_typer(keys_app, name="keys")
 
 
@@ -799,8 +863,9 @@ async def _print_context(
     else:
         console.print("no boundary: the context is the whole history")
     console.print(
-        f"{len(ctx.messages)} messages, ≈{ctx.estimated_tokens:,} tokens; log at seq "
-        f"{ctx.last_seq}; pressure estimate ≈{pressure.estimated_context_tokens or 0:,} tokens"
+        f"{counted(len(ctx.messages), 'message')}, ≈{counted(ctx.estimated_tokens, 'token')}; "
+        f"log at seq {ctx.last_seq}; pressure estimate "
+        f"≈{counted(pressure.estimated_context_tokens or 0, 'token')}"
     )
     table = Table()
     for column in ("#", "seq", "role", "tokens", "content"):
@@ -827,7 +892,7 @@ def _one_of(ctx: typer.Context, conversation_id: str | None, tenant: str | None)
             if tenant is not None
             else "give a conversation id, or --tenant",
             ctx=ctx,
-            param_hint="'conversation_id' / '--tenant'",
+            param_hint="'CONVERSATION_ID' / '--tenant'",
         )
 
 
@@ -962,19 +1027,15 @@ def _import_failure(failure: EpisodicError, before: int | None, total: int) -> s
             "the file may have been imported (episodic list shows them)"
         )
     if before == total:
-        return f"{problem}; all {_many(total, 'conversation')} of the file were imported first"
+        return f"{problem}; all {counted(total, 'conversation')} of the file were imported first"
     if before == 0:
         done = "no conversation before it was imported"
     else:
-        done = f"the {_many(before, 'conversation')} before it {_was(before)} imported"
+        done = f"the {counted(before, 'conversation')} before it {_was(before)} imported"
     return (
         f"{problem}; nothing was written for it (conversation {before + 1} of {total} in "
         f"the file); {done}"
     )
-
-
-def _many(count: int, noun: str) -> str:
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def _was(count: int) -> str:
@@ -998,6 +1059,24 @@ def _plain_table(*columns: str) -> Table:
     for column in columns:
         table.add_column(column, no_wrap=True, overflow="ellipsis")
     return table
+
+
+def _room_for(flexible: int, headers: tuple[str, ...], rows: list[list[str]], width: int) -> int:
+    """How wide column ``flexible`` may be for the table to fit ``width`` (never narrower
+    than its header), the other columns whole and two spaces apart."""
+    widths = [
+        max([len(header), *(len(row[i]) for row in rows)]) for i, header in enumerate(headers)
+    ]
+    others = sum(widths) - widths[flexible] + 2 * (len(headers) - 1)
+    return max(width - others, len(headers[flexible]))
+
+
+def _print_table(table: Table, *, whole: bool) -> None:
+    """Print a table; ``whole``: at its natural width, wider than the terminal if it must be
+    (rich would squeeze every column to fit, cutting ids and even headers, to "s…")."""
+    if whole:
+        table.width = console.measure(table, options=console.options.update_width(10**6)).maximum
+    console.print(table, crop=not whole)
 
 
 def _when(moment: datetime | None, wide: bool) -> str:

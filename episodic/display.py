@@ -57,6 +57,11 @@ def shown(text: str | None, width: int | None = None) -> str:
     return safe if width is None else clip(safe, width)
 
 
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless the count is one: "1 attempt", "2 attempts"."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def short_id(value: object, *, wide: bool) -> str:
     """A UUID as its first 8 characters (enough to tell conversations apart on a screen),
     or whole with ``wide``."""
@@ -80,12 +85,16 @@ def describe_event(event: StoredEvent) -> str:
         return f"run completed; abandoned calls: {abandoned}"
     if isinstance(event, BoundaryEvent):
         items = event.handoff_items
-        label = event.reason if items is None else f"{event.reason}, {len(items)} handoff items"
+        label = (
+            event.reason
+            if items is None
+            else f"{event.reason}, {counted(len(items), 'handoff item')}"
+        )
         return f"boundary through seq {event.covers_through_seq} ({label}): {event.summary}"
     if isinstance(event, RetractionEvent):
         return f"retracted seq {event.retracted_seq}"
     if isinstance(event, UsageEvent):
-        return f"usage reported: {event.usage.input_tokens:,} input tokens"
+        return f"usage reported: {counted(event.usage.input_tokens, 'input token')}"
     if isinstance(event, StateEvent):
         keys = [*event.change.conversation]
         keys += [f"{scope}/{key}" for scope, delta in event.change.shared.items() for key in delta]
@@ -110,6 +119,7 @@ def describe_message(message: Message) -> str:
 __all__ = [
     "ELLIPSIS",
     "clip",
+    "counted",
     "describe_event",
     "describe_message",
     "event_kind",

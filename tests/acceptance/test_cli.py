@@ -370,7 +370,7 @@ async def test_worker_status_and_compact_commands(populated: Populated, workdir:
 
     once = await run_cli_async("worker", "--once", *url, cwd=workdir, env=env)
     assert once.code == 0, once.output
-    assert "1 attempts: {'succeeded': 1}" in once.stdout
+    assert "1 attempt: {'succeeded': 1}" in once.stdout
 
     status = await run_cli_async("status", *url, cwd=workdir, env=env)
     assert "due=0" in status.stdout
