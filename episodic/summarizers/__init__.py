@@ -1,7 +1,7 @@
 """Summarizers for the compaction worker: the :class:`Summarizer` protocol and its adapters.
 
 - :class:`OpenAIChatSummarizer`: any OpenAI-compatible chat-completions endpoint (needs the
-  ``episodic[openai]`` extra; the ``openai`` package is imported only when one is created).
+  ``episodic-store[openai]`` extra; the ``openai`` package is imported only when one is created).
 - :class:`AgentSummarizer`: any agent with an async ``chat(prompt)`` (the agent-core shape).
 - :class:`ExtractiveSummarizer`: offline and deterministic, for the demo and tests.
 

@@ -1,5 +1,5 @@
 """A summarizer for any OpenAI-compatible chat-completions endpoint (OpenAI, vLLM, Ollama,
-LiteLLM, ...), through the ``openai`` package (the ``episodic[openai]`` extra).
+LiteLLM, ...), through the ``openai`` package (the ``episodic-store[openai]`` extra).
 
 One request per call, no retries of the SDK's own: the worker owns retries and backoff, and
 two retry loops stacked would multiply the attempts and hide them from the attempts ledger.
@@ -89,7 +89,7 @@ class OpenAIChatSummarizer:
         except ImportError as exc:
             raise ConfigurationError(
                 "OpenAIChatSummarizer needs the openai package; install it with "
-                "pip install 'episodic[openai]'"
+                "pip install 'episodic-store[openai]'"
             ) from exc
         self.model = model
         self.name = name or f"openai-chat:{model}"

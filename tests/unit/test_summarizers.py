@@ -267,7 +267,7 @@ async def test_openai_client_passed_in_gets_no_retries_and_stays_open(
 def test_openai_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "openai", None)
 
-    with pytest.raises(ConfigurationError, match=r"episodic\[openai\]"):
+    with pytest.raises(ConfigurationError, match=r"episodic-store\[openai\]"):
         OpenAIChatSummarizer("m", base_url="http://127.0.0.1:9/v1")
 
 

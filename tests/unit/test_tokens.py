@@ -134,7 +134,7 @@ def test_tiktoken_missing_encoding_fails_fast_and_clearly(
         TiktokenEstimator(encoding)
     elapsed = time.monotonic() - started
     message = str(caught.value)
-    assert "episodic[tiktoken]" in message
+    assert "episodic-store[tiktoken]" in message
     assert "TIKTOKEN_CACHE_DIR" in message
     assert repr(encoding) in message
     assert elapsed < 5, f"loading a missing encoding took {elapsed:.1f}s"
