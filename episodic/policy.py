@@ -58,13 +58,22 @@ class EpisodicCompactionPressure(EpisodicModel):
     total_user_messages: _Count = 0
 
 
+#: The context-pressure threshold when nothing else is said: below the 128k-token window of
+#: the smallest common model (GPT-4o, Llama 3.1, Qwen 2.5), with 28k left for the system
+#: prompt, tool schemas and the reply, and well under what a 200k or 1M window holds, where
+#: answers already degrade long before the window is full. A context this size also reaches
+#: a 128k summarizer whole (the transcript cap is higher).
+DEFAULT_TRIGGER_CONTEXT_TOKENS = 100_000
+
+
 class EpisodicCompactionConfig(EpisodicModel):
     """Thresholds of the episodic trigger. ``trigger_context_tokens=None`` turns off the
-    context-pressure rule (the right value depends on the model's window)."""
+    context-pressure rule; the default suits windows of 128k tokens and more (a model with a
+    smaller window wants a smaller value)."""
 
     model_config = _FROZEN
 
-    trigger_context_tokens: _Count | None = None
+    trigger_context_tokens: _Count | None = DEFAULT_TRIGGER_CONTEXT_TOKENS
     trigger_unfinished_turns: _Count = 8
     trigger_age_days: _Count = 30
     trigger_age_turn_count: _Count = 50
@@ -226,6 +235,7 @@ def _apply(
 
 
 __all__ = [
+    "DEFAULT_TRIGGER_CONTEXT_TOKENS",
     "EpisodicCompactionConfig",
     "EpisodicCompactionPressure",
     "EpisodicCompactionTrigger",

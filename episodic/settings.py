@@ -7,13 +7,13 @@ import logging
 import os
 from typing import Any, Literal, Self
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from episodic.compaction import CompactionConfig
 from episodic.errors import ConfigurationError
-from episodic.policy import EpisodicCompactionConfig
+from episodic.policy import DEFAULT_TRIGGER_CONTEXT_TOKENS, EpisodicCompactionConfig
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///episodic.db"
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -43,7 +43,7 @@ class EpisodicSettings(BaseSettings):
     token_estimator: str = Field(
         default="chars",
         description="'chars' (UTF-8 bytes / 4) or 'tiktoken[:encoding]' "
-        "(needs episodic[tiktoken]).",
+        "(needs episodic-store[tiktoken]).",
     )
     pool_min_size: int = Field(default=1, ge=0, description="PostgreSQL pool: idle connections.")
     pool_max_size: int = Field(default=10, gt=0, description="PostgreSQL pool: most connections.")
@@ -82,10 +82,10 @@ class EpisodicSettings(BaseSettings):
     )
 
     trigger_context_tokens: int | None = Field(
-        default=None,
+        default=DEFAULT_TRIGGER_CONTEXT_TOKENS,
         ge=0,
-        description="Compact when the context's estimated tokens reach this (off when unset; "
-        "set it below your model's window).",
+        description="Compact when the context's estimated tokens reach this; keep it below "
+        "your model's window ('off' turns the rule off).",
     )
     trigger_unfinished_turns: int = Field(
         default=8, ge=0, description="Compact after this many user messages since a run completed."
@@ -155,6 +155,15 @@ class EpisodicSettings(BaseSettings):
         description="`episodic serve`: the browser origins allowed to call the API "
         "(comma-separated, e.g. https://app.example.com); empty: CORS is off.",
     )
+
+    @field_validator("trigger_context_tokens", mode="before")
+    @classmethod
+    def _off_is_none(cls, value: Any) -> Any:
+        # An explicit word to turn the rule off: an unset variable means the default, and an
+        # empty one is a mistake more often than a choice.
+        if isinstance(value, str) and value.strip().lower() == "off":
+            return None
+        return value
 
     def cors_origins(self) -> list[str]:
         """``server_cors_origins`` as a list (empty: CORS off)."""

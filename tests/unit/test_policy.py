@@ -35,7 +35,7 @@ def _trigger(config: EpisodicCompactionConfig = DEFAULTS, **pressure: int | None
 
 def test_defaults() -> None:
     assert DEFAULTS.model_dump() == {
-        "trigger_context_tokens": None,
+        "trigger_context_tokens": 100_000,
         "trigger_unfinished_turns": 8,
         "trigger_age_days": 30,
         "trigger_age_turn_count": 50,
