@@ -228,6 +228,18 @@ async def postgres_url(
 
 
 @pytest.fixture
+async def empty_postgres_url(postgres_server: str) -> AsyncIterator[str]:
+    """A new PostgreSQL database with no tables, for tests that migrate it themselves as a
+    user would."""
+    name = f"episodic_test_{uuid.uuid4().hex[:12]}"
+    await create_database(postgres_server, name)
+    try:
+        yield _with_database(postgres_server, name)
+    finally:
+        await drop_database(postgres_server, name)
+
+
+@pytest.fixture
 def sqlite_url(sqlite_template: Path, tmp_path: Path) -> str:
     """A fresh, migrated SQLite file for one test."""
     path = tmp_path / "episodic.db"

@@ -13,15 +13,19 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
-# ```python blocks are complete programs and run here; ```py blocks are fragments shown for
-# illustration (they need a model or an agent), ```bash blocks are commands.
-PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+from tests.readme import README, ROOT, fenced, section
+
+#: Its blocks run together, with a worker and a model, in tests/acceptance/test_quickstart.py.
+QUICKSTART = "Quickstart"
 
 
 def python_blocks() -> list[str]:
-    return PYTHON_BLOCK.findall(README.read_text(encoding="utf-8"))
+    """The ```python blocks, each a complete program, outside the quickstart. (```py blocks
+    are fragments shown for illustration, needing a model or an agent; ```bash blocks are
+    commands.)"""
+    everything = fenced(README.read_text(encoding="utf-8"), "python")
+    quickstart = fenced(section(QUICKSTART), "python")
+    return [block for block in everything if block not in quickstart]
 
 
 def test_the_readme_has_runnable_examples() -> None:
