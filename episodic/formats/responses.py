@@ -36,6 +36,10 @@ from episodic.models import (
 _INPUT_PARTS = frozenset({"input_text", "input_image", "input_file"})
 #: Parts of a message item that are text: what the user typed, what the model said.
 _TEXT_PARTS = frozenset({"input_text", "output_text"})
+#: The ``native.protocol`` under which the message :func:`messages_from_responses_items` makes
+#: of consecutive ``function_call`` items keeps them (``{"items": [...]}``), for the record:
+#: the message is given back from its fields, one item per call.
+OPENAI_RESPONSES_ITEMS_PROTOCOL = "openai.responses.items"
 #: The longest rendering of an item episodic has no model for. Generated images and encrypted
 #: payloads run to megabytes; a summarizer needs to know what happened, not the bytes, and
 #: ``native`` keeps them all.
@@ -111,6 +115,116 @@ def message_from_responses_item(item: Mapping[str, Any]) -> Message:
     except ValidationError as exc:
         raise ValidationError(
             f"not a valid Responses item: {exc}", field=exc.field, details=exc.errors()
+        ) from None
+
+
+def messages_from_responses_items(items: Iterable[Mapping[str, Any]]) -> list[Message]:
+    """Messages from a list of Responses items: what ``Context.to_responses`` gives
+    (converting it back and loading gives the same items), or a request's input with the
+    output its responses added.
+
+    Each item is :func:`message_from_responses_item`'s message, except a turn's calls: a run
+    of two or more consecutive ``function_call`` items (parallel calls) is one assistant
+    message with all their calls, since a loaded context puts each call's output right after
+    the message that made the call (one message per call would move each output up to its
+    call); the items are kept in ``native`` (protocol
+    :data:`OPENAI_RESPONSES_ITEMS_PROTOCOL`) unless its fields give them back as they came.
+    An assistant message item right before calls joins their message when that message gives
+    both back as they came (what :func:`message_to_responses` makes of a message with text
+    and calls: its text, were it blank, would otherwise be left out of a context). What is not
+    an item raises :class:`~episodic.errors.ValidationError` naming its index (``items[3]``).
+    """
+    if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
+        raise ValidationError("expected a list of Responses items", field="items")
+    out: list[Message] = []
+    run: list[dict[str, Any]] = []  # an assistant message item, then the calls after it
+    first = 0  # the index of the run's first item
+    for index, item in enumerate(items):
+        if isinstance(item, Mapping) and item.get("type") == "function_call":
+            first = index if not run else first
+            run.append(dict(item))
+            continue
+        out.extend(_run_messages(run, first))
+        run, first = [], index
+        if _is_assistant_text(item):
+            run.append(dict(item))  # it may open a turn's calls
+        else:
+            out.append(_item_message(item, index))
+    out.extend(_run_messages(run, first))
+    return out
+
+
+def _is_assistant_text(item: object) -> bool:
+    return (
+        isinstance(item, Mapping)
+        and item.get("type", "message") == "message"
+        and item.get("role") == "assistant"
+    )
+
+
+def _item_message(item: Any, index: int) -> Message:
+    try:
+        return message_from_responses_item(item)
+    except ValidationError as exc:
+        field = f"items[{index}].{exc.field}" if exc.field else f"items[{index}]"
+        raise ValidationError(f"items[{index}]: {exc}", field=field, details=exc.errors()) from None
+
+
+def _run_messages(run: list[dict[str, Any]], first: int) -> list[Message]:
+    """The messages of a run: an assistant message item, its calls, or both."""
+    if not run:
+        return []
+    head = run[0] if run[0].get("type") != "function_call" else None
+    calls = run[1:] if head is not None else run
+    if head is None:
+        return _calls_messages(calls, first)
+    text = _item_message(head, first)  # refused here, with its index, if it is no item
+    if calls:
+        together = _run_message(run, first, _message_fields(head))
+        if together is not None:
+            return [together]
+    return [text, *_calls_messages(calls, first + 1)]
+
+
+def _calls_messages(calls: list[dict[str, Any]], first: int) -> list[Message]:
+    """No message for no calls, the item's own for one, one for several."""
+    if len(calls) < 2:
+        return [_item_message(item, first) for item in calls]
+    exact = _run_message(calls, first, {"role": "assistant"})
+    if exact is not None:
+        return [exact]
+    native = {"protocol": OPENAI_RESPONSES_ITEMS_PROTOCOL, "data": {"items": calls}}
+    return [_validated({**_joined(calls, first, {"role": "assistant"}), "native": native}, first)]
+
+
+def _run_message(run: list[dict[str, Any]], first: int, fields: dict[str, Any]) -> Message | None:
+    """One message of the run's items (``fields`` with the calls of those that are calls),
+    if it gives them back as they came; else None."""
+    message = _validated(_joined(run, first, fields), first)
+    return message if message_to_responses(message) == run else None
+
+
+def _joined(run: list[dict[str, Any]], first: int, fields: dict[str, Any]) -> dict[str, Any]:
+    calls: list[Any] = []
+    for offset, item in enumerate(run):
+        if item.get("type") != "function_call":
+            continue
+        try:
+            calls.extend(_call_fields(item)["tool_calls"])
+        except ValidationError as exc:
+            where = f"items[{first + offset}]"
+            field = f"{where}.{exc.field}" if exc.field else where
+            raise ValidationError(f"{where}: {exc}", field=field) from None
+    return {**fields, "tool_calls": tuple(calls)}
+
+
+def _validated(fields: dict[str, Any], first: int) -> Message:
+    try:
+        return Message.model_validate(fields)
+    except ValidationError as exc:
+        where = f"items[{first}]"
+        raise ValidationError(
+            f"not valid Responses items from {where}: {exc}", field=where, details=exc.errors()
         ) from None
 
 
@@ -365,8 +479,10 @@ def _without_output_id(item: dict[str, Any]) -> dict[str, Any]:
 
 
 __all__ = [
+    "OPENAI_RESPONSES_ITEMS_PROTOCOL",
     "RENDERED_ITEM_CHARS",
     "message_from_responses_item",
     "message_to_responses",
+    "messages_from_responses_items",
     "messages_to_responses",
 ]

@@ -1,4 +1,4 @@
-"""episodic over HTTP (``episodic serve``; the ``episodic[server]`` extra)."""
+"""episodic over HTTP (``episodic serve``; the ``episodic-store[server]`` extra)."""
 
 from episodic.server.app import create_app
 

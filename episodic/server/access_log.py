@@ -22,7 +22,16 @@ REQUEST_ID = "X-Request-ID"
 MAX_REQUEST_ID = 200
 
 
+def request_id_of(request: Request) -> str | None:
+    """The id :func:`observe_requests` gave the request (None before it ran)."""
+    found = getattr(request.state, "request_id", None)
+    return found if isinstance(found, str) else None
+
+
 def observe_requests(app: FastAPI, observe: Observe) -> None:
+    """Observe every request of ``app``: its metrics, its access log line, and its id (left
+    on ``request.state`` for the error handlers, echoed in ``X-Request-ID``)."""
+
     @app.middleware("http")
     async def access(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
@@ -30,6 +39,7 @@ def observe_requests(app: FastAPI, observe: Observe) -> None:
         started = time.perf_counter()
         given = request.headers.get(REQUEST_ID, "")
         request_id = given if 0 < len(given) <= MAX_REQUEST_ID else uuid.uuid4().hex
+        request.state.request_id = request_id
         status = 500
         try:
             response = await call_next(request)

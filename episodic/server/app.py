@@ -4,11 +4,14 @@ Routes mirror the library (create, get, list, append, events, load_context, run 
 Writes keep the library's guarantees and speak HTTP's own idioms: ``Idempotency-Key`` is the
 append's idempotency key (the same key and body replay the first result; another body is a
 422), ``If-Match`` carries the head's ETag (the last seq) as the expected seq (stale: 412),
-and every error is ``application/problem+json`` naming its ``episodic.errors`` class.
+and every error is ``application/problem+json`` naming its ``episodic.errors`` class. An
+append takes its messages in any format a context is served in (:mod:`.inbound`).
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations, some of
 # them local to the function that makes the routes.
+import logging
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -21,17 +24,23 @@ from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from episodic import errors
-from episodic.server.access_log import REQUEST_ID, observe_requests
+from episodic.server.access_log import REQUEST_ID, observe_requests, request_id_of
 from episodic.server.auth import JsonBody, KeyOf, key_dependency
+from episodic.server.inbound import AppendFormat, document_requests, read_append
 from episodic.server.inspector import inspector_routes
 from episodic.server.keys import ApiKey, KeyStore
 from episodic.server.limits import BodyLimit
 from episodic.server.links import add_links
 from episodic.server.metrics import instrument
 from episodic.server.operations import ManualCompaction, health_routes, operator_routes
-from episodic.server.problems import PROBLEM_MEDIA_TYPE, Problem, error_problem, problem
+from episodic.server.problems import (
+    PROBLEM_MEDIA_TYPE,
+    Problem,
+    error_problem,
+    problem,
+    unexpected_problem,
+)
 from episodic.server.schemas import (
-    AppendBatch,
     Appended,
     ContextFormat,
     ConversationHead,
@@ -42,6 +51,7 @@ from episodic.server.schemas import (
 )
 from episodic.store import EpisodicStore
 
+logger = logging.getLogger("episodic.server.errors")
 #: the largest page a list or events request may ask for
 MAX_PAGE = 1_000
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -50,6 +60,7 @@ Page = Annotated[int, Query(ge=1, le=MAX_PAGE, description="at most this many")]
 
 
 def header(description: str) -> dict[str, Any]:
+    """A response header as OpenAPI documents one: a string, and what it says."""
     return {"description": description, "schema": {"type": "string"}}
 
 
@@ -80,6 +91,7 @@ def etag(last_seq: int) -> str:
 
 
 def expected_seq(if_match: str | None) -> int | None:
+    """The expected seq an ``If-Match`` names (a head's ETag, weak or not); None without one."""
     if if_match is None:
         return None
     value = if_match.strip().removeprefix("W/").strip('"')
@@ -112,6 +124,8 @@ class EpisodicApp(FastAPI):
     """FastAPI, with its error responses documented as application/problem+json."""
 
     def openapi(self) -> dict[str, Any]:
+        """FastAPI's document, with problem+json errors, no null parameters, the request
+        bodies FastAPI does not write (the append's, in every format) and the links."""
         schema = super().openapi()
         for item in schema.get("paths", {}).values():
             for operation in item.values():
@@ -120,6 +134,7 @@ class EpisodicApp(FastAPI):
                     if code[0] in "45" and "application/json" in content:
                         content[PROBLEM_MEDIA_TYPE] = content.pop("application/json")
         _without_null_parameters(schema)
+        document_requests(schema)
         add_links(schema)
         return schema
 
@@ -195,7 +210,12 @@ def _handle_errors(app: FastAPI) -> None:
         assert isinstance(exc, errors.EpisodicError)
         # only a seq other than If-Match's is a failed precondition; other conflicts are 409
         stale = isinstance(exc, errors.ConflictError) and exc.expected_seq is not None
-        return error_problem(exc, instance=request.url.path, status=412 if stale else None)
+        return error_problem(
+            exc,
+            instance=request.url.path,
+            status=412 if stale else None,
+            request_id=request_id_of(request),
+        )
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
@@ -230,10 +250,12 @@ def _handle_errors(app: FastAPI) -> None:
         )
 
     async def unexpected(request: Request, exc: Exception) -> Response:
-        # the traceback still reaches the log: Starlette re-raises after this response
-        return problem(
-            500, "an unexpected error (the server's log has it)", instance=request.url.path
-        )
+        # Starlette re-raises after this response, so the traceback reaches the log too; this
+        # line ties it to the request id the answer carries (the access log's line does not
+        # run: this handler is outside its middleware)
+        request_id = request_id_of(request) or uuid.uuid4().hex
+        logger.error("request %s failed: %s: %s", request_id, type(exc).__name__, exc)
+        return unexpected_problem(instance=request.url.path, request_id=request_id)
 
     app.add_exception_handler(Exception, unexpected)
     app.add_exception_handler(errors.EpisodicError, episodic_error)
@@ -263,7 +285,7 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
     ) -> ConversationHead:
         """Start a conversation."""
         cid = await store.create_conversation(
-            conversation_id=body.conversation_id, metadata=body.metadata
+            conversation_id=body.conversation_id, metadata=body.metadata_document()
         )
         head = await _head(store, cid)
         response.headers["Location"] = f"/v1/conversations/{cid}"
@@ -307,7 +329,7 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
     async def append(
         store: Store,
         conversation_id: UUID,
-        body: AppendBatch,
+        request: Request,
         response: Response,
         idempotency_key: Annotated[
             str | None,
@@ -322,12 +344,20 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
             str | None,
             Header(
                 alias="If-Match",
-                pattern=r'^\s*(W/)?"?[0-9]+"?\s*$',
+                # a seq: at most 18 digits after any zeros, below 2**63 (a log never gets
+                # that long); the spaces and tabs HTTP allows around a value
+                pattern=r'^[ \t]*(W/)?"?0*[0-9]{1,18}"?[ \t]*$',
                 description="the head's ETag: refuse a stale append",
             ),
         ] = None,
+        format: Annotated[AppendFormat | None, Query(include_in_schema=False)] = None,
     ) -> Appended:
-        """Append a batch of messages atomically."""
+        """Append a batch of messages atomically, in the format the body's `format` names
+        (`episodic`, the default, `openai`, `responses` or `anthropic`: what
+        `GET .../context?format=` gives in each). `?format=` may name the format instead
+        (it is not in this schema, which cannot tie it to the body's). The same
+        `Idempotency-Key` replays the first result for the same messages in any format."""
+        body = read_append(await request.body(), format, conversation_id)
         events = await store.append(
             conversation_id,
             body.messages,

@@ -40,6 +40,8 @@ from episodic.models import (
     StoredEvent,
 )
 from episodic.policy import EpisodicCompactionPressure
+from episodic.server.access_log import request_id_of
+from episodic.server.disclosure import public_detail
 from episodic.server.keys import ApiKey, KeyStore
 from episodic.server.problems import status_of
 from episodic.store import EpisodicStore
@@ -302,6 +304,14 @@ _templates.globals.update(link=_link)
 # ---- the routes -------------------------------------------------------------------------
 
 
+def _said(error: errors.EpisodicError, status: int, request: Request) -> str:
+    """What a page says of ``error``: what the API's problem would (a server error names
+    the request's id, under which the server's log has the rest)."""
+    request_id = request_id_of(request)
+    said = public_detail(error, status, request_id)
+    return f"{said} (request {request_id})" if status >= 500 and request_id else said
+
+
 def inspector_routes(root: EpisodicStore, keys: KeyStore) -> APIRouter:
     """The ``/ui`` pages of ``root``, for the operators among ``keys``."""
     router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -354,13 +364,14 @@ def inspector_routes(root: EpisodicStore, keys: KeyStore) -> APIRouter:
         except _Refused as refused:
             return refused.response
         except errors.EpisodicError as exc:
-            message = str(exc)
+            status = status_of(exc)
+            message = _said(exc, status, request)
             if isinstance(exc, errors.NotFoundError) and tenant is not None:
                 message = (
                     f"No conversation {exc.conversation_id} is visible in tenant {tenant!r}: "
                     "there is none, or it is another tenant's."
                 )
-            return await error_page(key, tenant, status_of(exc), type(exc).__name__, message)
+            return await error_page(key, tenant, status, type(exc).__name__, message)
 
     async def error_page(
         key: ApiKey | None, tenant: str | None, status: int, kind: str, message: str
@@ -473,7 +484,9 @@ def inspector_routes(root: EpisodicStore, keys: KeyStore) -> APIRouter:
         except errors.AuthenticationError as exc:
             return _page("sign_in.html", 401, message=f"{exc}.", next=target, key=None)
         except errors.EpisodicError as exc:
-            return _page("sign_in.html", status_of(exc), message=str(exc), next=target, key=None)
+            status = status_of(exc)
+            message = _said(exc, status, request)
+            return _page("sign_in.html", status, message=message, next=target, key=None)
         if not key.operator:
             return _page(
                 "sign_in.html", 403, message=_tenant_key_refusal(key), next=target, key=None

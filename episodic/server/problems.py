@@ -1,6 +1,7 @@
 """Errors as RFC 9457 ``application/problem+json``: each ``episodic.errors`` class has one
 HTTP status, and the problem's ``type`` names the class, so a client in any language can tell
-a stale write from an orphan tool result without parsing the message."""
+a stale write from an orphan tool result without parsing the message. A server error says
+no more than its class and the request's id (:mod:`episodic.server.disclosure`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from episodic import errors
+from episodic.server.access_log import REQUEST_ID
+from episodic.server.disclosure import UNEXPECTED_DETAIL, public_detail
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 TYPE_PREFIX = "https://episodic.dev/errors/"
@@ -49,9 +52,16 @@ class Problem(BaseModel):
     status: int = Field(description="the HTTP status code")
     detail: str | None = Field(default=None, description="what went wrong, for a person")
     instance: str | None = Field(default=None, description="the request path")
+    request_id: str | None = Field(
+        default=None,
+        description="a server error's request id (X-Request-ID): the server's log has what "
+        "went wrong under it",
+    )
 
 
 class ProblemResponse(JSONResponse):
+    """A JSON response of type ``application/problem+json``."""
+
     media_type = PROBLEM_MEDIA_TYPE
 
 
@@ -64,6 +74,8 @@ def problem(
     headers: dict[str, str] | None = None,
     **extensions: Any,
 ) -> ProblemResponse:
+    """A problem answer: ``status`` with its phrase as the title, ``kind`` (an
+    ``episodic.errors`` class name) as the type, and any ``extensions`` members."""
     body: dict[str, Any] = {
         "type": kind if kind == "about:blank" else TYPE_PREFIX + kind,
         "title": http.HTTPStatus(status).phrase,
@@ -78,6 +90,7 @@ def problem(
 
 
 def status_of(error: errors.EpisodicError) -> int:
+    """The HTTP status of ``error``'s class (500 for a class not listed)."""
     for cls, status in STATUS_OF:
         if isinstance(error, cls):
             return status
@@ -85,9 +98,15 @@ def status_of(error: errors.EpisodicError) -> int:
 
 
 def error_problem(
-    error: errors.EpisodicError, *, instance: str, status: int | None = None
+    error: errors.EpisodicError,
+    *,
+    instance: str,
+    status: int | None = None,
+    request_id: str | None = None,
 ) -> ProblemResponse:
-    """The problem for an episodic error (``status`` overrides, e.g. 412 for If-Match)."""
+    """The problem for an episodic error (``status`` overrides, e.g. 412 for If-Match). A
+    server error, or one the database raised, says its class and a fixed sentence, not its
+    message (the log has that, under ``request_id``, which a server error carries)."""
     code = status or status_of(error)
     headers = (
         {"Retry-After": str(RETRY_AFTER_SECONDS)}
@@ -99,7 +118,22 @@ def error_problem(
     extensions: dict[str, Any] = {}
     if isinstance(error, errors.ValidationError) and error.field is not None:
         extensions["field"] = error.field
+    if code >= 500:
+        extensions["request_id"] = request_id
+    detail = public_detail(error, code, request_id)
     return problem(
-        code, str(error), kind=type(error).__name__, instance=instance, headers=headers,
+        code, detail, kind=type(error).__name__, instance=instance, headers=headers,
         **extensions,
     )  # fmt: skip
+
+
+def unexpected_problem(*, instance: str, request_id: str) -> ProblemResponse:
+    """The 500 for an error that is not episodic's (a bug): nothing of it but the request's
+    id, which the server's log has it under."""
+    return problem(
+        500,
+        UNEXPECTED_DETAIL,
+        instance=instance,
+        headers={REQUEST_ID: request_id},
+        request_id=request_id,
+    )

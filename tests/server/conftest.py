@@ -1,13 +1,18 @@
-"""The key store beside each test's store (tests of the HTTP API)."""
+"""The key store beside each test's store (tests of the HTTP API), and a watch on every
+answer these tests get: none may hold the internals' text (see tests/server/leaks.py)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
+import httpx
 import pytest
+import requests
 
 from episodic import EpisodicStore
 from episodic.server.keys import KeyStore
+from tests.server.leaks import leaks_in
 
 
 @pytest.fixture
@@ -17,3 +22,63 @@ async def keys(store: EpisodicStore, database_url: str) -> AsyncIterator[KeyStor
         yield opened
     finally:
         await opened.close()
+
+
+class AnswerWatch:
+    """The answers a test got that hold the internals' text, as ``request -> markers``."""
+
+    def __init__(self) -> None:
+        self.leaks: list[str] = []
+        self.answers = 0
+
+    def read(self, method: str, url: object, status: int, text: str) -> None:
+        self.answers += 1
+        found = leaks_in(text)
+        if found:
+            self.leaks.append(f"{method} {url} -> {status}: {found}: {text[:500]!r}")
+
+
+@pytest.fixture(autouse=True)
+def answers_hold_no_internals(monkeypatch: pytest.MonkeyPatch) -> Iterator[AnswerWatch]:
+    """Read every answer a server test gets through httpx (in process or over the wire)
+    and requests (schemathesis), and fail the test if one holds SQL, a table's name, a
+    driver's words or a traceback. An answer httpx streams is not read (it is the test's to
+    read); requests' are (schemathesis streams every request and reads it whole), but for an
+    event stream, which may not end."""
+    watch = AnswerWatch()
+    async_send = httpx.AsyncClient.send
+    sync_send = httpx.Client.send
+    requests_request = requests.Session.request
+
+    async def watched_async(
+        self: httpx.AsyncClient, request: httpx.Request, **kwargs: Any
+    ) -> httpx.Response:
+        response = await async_send(self, request, **kwargs)
+        if not kwargs.get("stream"):
+            watch.read(request.method, request.url, response.status_code, response.text)
+        return response
+
+    def watched_sync(self: httpx.Client, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        response = sync_send(self, request, **kwargs)
+        if not kwargs.get("stream"):
+            watch.read(request.method, request.url, response.status_code, response.text)
+        return response
+
+    def watched_requests(
+        self: requests.Session, method: str, url: str, *args: Any, **kwargs: Any
+    ) -> requests.Response:
+        response = requests_request(self, method, url, *args, **kwargs)
+        if "text/event-stream" not in response.headers.get("content-type", ""):
+            watch.read(method, url, response.status_code, response.text)
+        return response
+
+    monkeypatch.setattr(httpx.AsyncClient, "send", watched_async)
+    monkeypatch.setattr(httpx.Client, "send", watched_sync)
+    monkeypatch.setattr(requests.Session, "request", watched_requests)
+    yield watch
+    if watch.leaks:
+        pytest.fail(
+            f"{len(watch.leaks)} of {watch.answers} answers hold the internals' text:\n"
+            + "\n".join(watch.leaks[:20]),
+            pytrace=False,
+        )

@@ -6,12 +6,16 @@ each bounded by an example count.
 Every request made is counted, the checks' own probes included, and the store is read
 directly (not through the API) before and after each one. The run prints its counts and
 holds: no server error, no response the schema does not describe (status, content type,
-headers, body), no 4xx after which the store had changed, and no conversation of one tenant
-reachable with another tenant's key."""
+headers, body), no 4xx after which the store had changed, no conversation of one tenant
+reachable with another tenant's key, and no request the schema accepts refused for its
+content: of the positive-data cases answered 4xx, none is a 422 ValidationError (the
+other 4xx depend on the state, which no schema states: an unknown id, a stale If-Match, a
+result whose call is not open, a reused Idempotency-Key)."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -37,7 +41,12 @@ from schemathesis.core.failures import FailureGroup
 from schemathesis.engine.errors import is_inconsistent_replay
 from schemathesis.generation.stateful.state_machine import APIStateMachine
 
+from episodic.formats.anthropic import messages_to_anthropic
+from episodic.formats.openai_chat import messages_to_openai
+from episodic.formats.responses import messages_to_responses
+from episodic.models import Message, ToolCall
 from tests.acceptance.test_cli import clean_env, run_cli
+from tests.server.conftest import AnswerWatch
 from tests.server.live import Served, serving
 from tests.support import asyncpg_dsn
 
@@ -86,6 +95,22 @@ USER_MESSAGE = {"role": "user", "content": "what is the capital of France?"}
 ODD_ETAGS = ('"\u00b2"', 'W/"1\u00b9"', '"\u00b3"')
 #: a message's text (no lone surrogates: JSON can spell them, but no text column stores them)
 TEXT = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=80)
+#: text with a visible character (Anthropic's format leaves blank text out)
+VISIBLE = TEXT.filter(str.strip)
+#: the problem type of a refusal for what the request holds: for a positive-data case (one
+#: the schema accepts), a rule the schema should have stated...
+CONTENT_REFUSAL = "https://episodic.dev/errors/ValidationError"
+#: ...but for a client id twice in one batch: a key unique across the batch's messages, which
+#: JSON Schema cannot state (``uniqueItems`` compares whole items). (A tool call id twice is a
+#: DuplicateToolCallError; the other 4xx depend on the conversation's state.)
+UNSTATEABLE_FIELD = re.compile(r"messages\[\d+\]\.client_id")
+#: each format an append takes, and how a batch of episodic's messages reads in it
+FORMATS: dict[str, Callable[[list[Message]], list[dict[str, Any]]]] = {
+    "episodic": lambda messages: [m.model_dump(mode="json", exclude_none=True) for m in messages],
+    "openai": messages_to_openai,
+    "responses": messages_to_responses,
+    "anthropic": messages_to_anthropic,
+}
 
 Snapshot = tuple[tuple[str, int, Decimal], ...]
 
@@ -127,6 +152,11 @@ class Tally:
     other_failures: Counter[str] = field(default_factory=Counter)
     other_examples: dict[str, str] = field(default_factory=dict)
     other_all: list[str] = field(default_factory=list)
+    #: positive-data cases answered 4xx, by status and problem type; and those refused for
+    #: their content (a 422 ValidationError: a rule the schema does not state)
+    positive_4xx: Counter[str] = field(default_factory=Counter)
+    refused_valid: list[str] = field(default_factory=list)
+    refused_unstateable: int = 0
     cross_tenant: Counter[int] = field(default_factory=Counter)
     cross_tenant_leaks: list[str] = field(default_factory=list)
     ungenerated: Counter[str] = field(default_factory=Counter)
@@ -178,6 +208,26 @@ class Tally:
                 self.other_examples.setdefault(check, what)
                 self.other_all.append(f"{check}: {what}")
 
+    def answered(self, case: Case[Any], response: schemathesis.Response) -> None:
+        """Count a positive-data case (one the schema accepts) answered 4xx, by its problem
+        type; one refused for its content is a rule the schema does not state."""
+        status = response.status_code
+        if case.meta is None or not case.meta.generation.mode.is_positive:
+            return
+        if not 400 <= status < 500:
+            return
+        kind, refused_field = problem_of(response)
+        self.positive_4xx[f"{status} {kind.rsplit('/', 1)[-1]}"] += 1
+        if status != 422 or kind != CONTENT_REFUSAL:
+            return
+        if UNSTATEABLE_FIELD.fullmatch(refused_field):
+            self.refused_unstateable += 1
+        else:
+            self.refused_valid.append(
+                f"[{self.phase}] {case.operation.label}\n    {case.as_curl_command()}\n"
+                f"    -> {response.text[:500]!r}"
+            )
+
     def asked_across_tenants(self, label: str, cid: str, response: schemathesis.Response) -> None:
         """A request with one tenant's key on another tenant's conversation: 404 or a 4xx
         the request earned by itself (never its data, never a write)."""
@@ -203,6 +253,11 @@ class Tally:
             f"cross-tenant probes: {sum(self.cross_tenant.values())} "
             f"({', '.join(f'{s}: {n}' for s, n in sorted(self.cross_tenant.items()))}), "
             f"answered with another tenant's data: {len(self.cross_tenant_leaks)}",
+            f"positive-data cases answered 4xx: {sum(self.positive_4xx.values())} "
+            f"({', '.join(f'{k}: {n}' for k, n in sorted(self.positive_4xx.items()))}); "
+            f"refused for what the schema accepts (422 ValidationError): "
+            f"{len(self.refused_valid)}, and for a client id twice in one batch (a rule no "
+            f"schema states): {self.refused_unstateable}",
             f"draws schemathesis could not generate (dropped): "
             f"{', '.join(f'{e} x{n}' for e, n in self.ungenerated.items()) or 'none'}",
             f"other checks failed: {others or 'none'}",
@@ -239,6 +294,17 @@ class Keys:
         natural = self.natural(operation_id)
         swapped = self.tenant if natural == self.operator else self.operator
         return [natural, natural, natural, swapped, self.other]
+
+
+def problem_of(response: schemathesis.Response) -> tuple[str, str]:
+    """The ``type`` and ``field`` of a problem+json answer ("" for what it has not)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return "", ""
+    found = body if isinstance(body, dict) else {}
+    kind, refused = found.get("type"), found.get("field")
+    return (kind if isinstance(kind, str) else ""), (refused if isinstance(refused, str) else "")
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -281,22 +347,31 @@ def seed_conversation(base: str, key: str) -> str:
     return cid
 
 
-def valid_batches() -> st.SearchStrategy[list[dict[str, Any]]]:
+def valid_batches() -> st.SearchStrategy[list[Message]]:
     """Messages the library accepts: user and assistant turns, and tool calls answered in
     the same batch."""
-    user = TEXT.map(lambda text: [{"role": "user", "content": text}])
-    answer = TEXT.map(lambda text: [{"role": "assistant", "content": text}])
+    user = VISIBLE.map(lambda text: [Message.user(text)])
+    answer = VISIBLE.map(lambda text: [Message.assistant(text)])
     tool_round = st.builds(
         lambda call_id, name, result: [
-            {"role": "assistant", "tool_calls": [{"id": call_id, "name": name, "args": {}}]},
-            {"role": "tool", "tool_call_id": call_id, "content": result},
+            Message.assistant(tool_calls=[ToolCall(id=call_id, name=name)]),
+            Message.tool_result(call_id, result),
         ],
         st.uuids().map(str),
         st.from_regex(r"[a-z_]{1,20}", fullmatch=True),
-        TEXT,
+        VISIBLE,
     )
     turns = st.lists(st.one_of(user, answer, tool_round), min_size=1, max_size=3)
     return turns.map(lambda listed: [message for turn in listed for message in turn])
+
+
+def valid_bodies() -> st.SearchStrategy[dict[str, Any]]:
+    """A valid batch in any format an append takes: ``format`` and ``messages``."""
+    return st.builds(
+        lambda name, messages: {"format": name, "messages": FORMATS[name](messages)},
+        st.sampled_from(sorted(FORMATS)),
+        valid_batches(),
+    )
 
 
 def looks_like_etag(value: str) -> bool:
@@ -305,13 +380,12 @@ def looks_like_etag(value: str) -> bool:
 
 
 def offer_valid_batches(schema: Any) -> None:
-    """Give valid appends a valid variant too. The schema admits messages the library
-    refuses (a tool result without tool_call_id, a user message without content) and any
-    string as If-Match (the server takes only an ETag), which positive_data_acceptance
-    counts; but it also means generated appends seldom get through, and the stateful chains
-    would stop at their first append. Each generated case still runs as it is; this adds,
-    for a valid append, the same request with a batch the library takes and no If-Match
-    but an ETag (the one a link sent)."""
+    """Give valid appends a valid variant too. A generated batch the schema accepts seldom
+    gets through all the same: its tool results answer calls that are not open, its calls
+    reuse ids (rules of the conversation's state, which no schema states), so the stateful
+    chains would stop at their first append. Each generated case still runs as it is; this
+    adds, for a valid append, the same request with a batch the library takes, in any of the
+    formats, and no If-Match but an ETag (the one a link sent)."""
 
     def flatmap_case(
         context: schemathesis.HookContext, case: Case[Any]
@@ -326,15 +400,15 @@ def offer_valid_batches(schema: Any) -> None:
             return st.just(case)
         body: dict[str, Any] = case.body
 
-        def with_batch(messages: list[dict[str, Any]]) -> Case[Any]:
-            batch: Any = {**body, "messages": messages}
+        def with_batch(valid: dict[str, Any]) -> Case[Any]:
+            batch: Any = {**body, **valid}
             case.body = batch
             for name in [n for n in case.headers or {} if n.lower() == "if-match"]:
                 if not looks_like_etag(str(case.headers[name])):
                     del case.headers[name]
             return case
 
-        return st.one_of(st.just(case), valid_batches().map(with_batch))
+        return st.one_of(st.just(case), valid_bodies().map(with_batch))
 
     schema.hooks.register_hook_with_name(flatmap_case, "flatmap_case")
 
@@ -363,6 +437,7 @@ def validate(
     than stopping at it."""
     kind = "stateful" if tally.phase == "stateful" else "stateless"
     tally.by_operation[(case.operation.label, kind, response.status_code)] += 1
+    tally.answered(case, response)
     try:
         check()
     except FailureGroup as failures:
@@ -584,6 +659,7 @@ def test_schemathesis_against_live_server(
     request: pytest.FixtureRequest,
     tmp_path: Path,
     record_property: Callable[[str, object], None],
+    answers_hold_no_internals: AnswerWatch,
 ) -> None:
     live, keys = server
     known = {
@@ -614,6 +690,7 @@ def test_schemathesis_against_live_server(
             [f"server error: {line}" for line in tally.server_errors]
             + [f"schema violation: {line}" for line in tally.schema_violations]
             + [f"changed on 4xx: {line}" for line in tally.changed_on_4xx]
+            + [f"refused, though the schema accepts it: {line}" for line in tally.refused_valid]
             + tally.other_all
         )
     )
@@ -632,8 +709,12 @@ def test_schemathesis_against_live_server(
     assert not tally.schema_violations, "\n".join(tally.schema_violations[:20])
     assert not tally.changed_on_4xx, "\n".join(tally.changed_on_4xx[:20])
     assert not tally.cross_tenant_leaks, "\n".join(tally.cross_tenant_leaks[:20])
+    assert not tally.refused_valid, "\n".join(tally.refused_valid[:20])
     # the run was what it says: invalid requests sent (and refused), chains that wrote
     assert tally.by_phase["stateless negative"] > 0
     assert tally.client_errors > 0
     assert tally.by_operation[(APPEND, "stateful", 201)] > 0, "no stateful append got through"
+    assert sum(tally.positive_4xx.values()) > 0  # the count counts: some are state-dependent
     assert sum(tally.cross_tenant.values()) > 0
+    # the watch on the internals' text (tests/server/conftest.py) read every answer
+    assert answers_hold_no_internals.answers >= tally.total

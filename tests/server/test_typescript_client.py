@@ -1,9 +1,11 @@
 """A client no one here wrote: TypeScript types generated from a live ``episodic serve``'s
 /openapi.json by openapi-typescript, requests made through openapi-fetch
 (tests/server/typescript/client.ts). ``tsc --noEmit`` (strict) proves the generated types
-describe what the client sends and reads; running it proves the server answers as they say:
-create, an idempotent append and its replay, the mismatch, a stale If-Match, the context in
-OpenAI's format, and the typed problems of an unknown conversation and of no key.
+describe what the client sends and reads (a message to append has its role's rules: a tool
+message without its call's id does not compile); running it proves the server answers as
+they say: create, an idempotent append and its replay, the mismatch, a stale If-Match, an
+append in OpenAI's chat format, the context in that format, and the typed problems of an
+unknown conversation and of no key.
 
 Needs Node 20+ and npm (the packages come from the npm registry on the first run, pinned by
 package-lock.json): without them the test is skipped, or fails where

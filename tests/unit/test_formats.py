@@ -1006,5 +1006,5 @@ def test_to_cliver_without_cliver_core_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "cliver_core", None)  # import fails as if not installed
-    with pytest.raises(ConfigurationError, match=r"episodic\[cliver\]"):
+    with pytest.raises(ConfigurationError, match=r"episodic-store\[cliver\]"):
         context_of([Message.user("go")]).to_cliver()

@@ -2,9 +2,9 @@
  * A client no one at episodic wrote: its types are generated from the live server's
  * /openapi.json (openapi-typescript, into schema.d.ts) and its requests go through
  * openapi-fetch. It creates a conversation, appends with an Idempotency-Key (twice, then with
- * another body), appends behind a stale If-Match, loads the context in OpenAI's format and
- * meets the errors, then prints one JSON line of what it saw for
- * tests/server/test_typescript_client.py to check.
+ * another body), appends behind a stale If-Match, appends in OpenAI's chat format, loads the
+ * context in OpenAI's format and meets the errors, then prints one JSON line of what it saw
+ * for tests/server/test_typescript_client.py to check.
  *
  * `tsc --noEmit` (strict) is half the test: every body, parameter and error below is typed by
  * the generated schema, so a schema that stops describing the API stops this compiling.
@@ -17,7 +17,9 @@ import type { components, paths } from "./schema";
 
 type Problem = components["schemas"]["Problem"];
 type Message = components["schemas"]["Message"];
+type NewMessage = components["schemas"]["NewMessage"];
 type AppendBatch = components["schemas"]["AppendBatch"];
+type OpenAIAppendBatch = components["schemas"]["OpenAIAppendBatch"];
 type StoredEvent = components["schemas"]["Appended"]["events"][number];
 
 /** One OpenAI chat-completions message, as far as this client reads it. */
@@ -77,17 +79,6 @@ function failed(what: string, result: { data?: unknown; error?: Problem; respons
   return result.error;
 }
 
-/** A message in episodic's own format. `tool_calls` and `is_error` have defaults on the
- * server, but the generated type requires them (openapi-typescript's defaultNonNullable treats
- * a component's defaulted property as always present), so a client spells them out. */
-function message(
-  role: Message["role"],
-  content: Exclude<Message["content"], undefined>,
-  extra: Partial<Message> = {},
-): Message {
-  return { role, content, tool_calls: [], is_error: false, ...extra };
-}
-
 function seqsOf(events: StoredEvent[]): number[] {
   return events.map((event) => event.seq);
 }
@@ -100,10 +91,14 @@ function isOpenAIMessage(value: unknown): value is OpenAIMessage {
   return typeof value.role === "string" && (content === null || typeof content === "string");
 }
 
-// The generated body type is narrow: a role outside the schema's enum does not compile.
+// The generated types are narrow: a role outside the schema's enum does not compile...
 // @ts-expect-error "robot" is not one of Message["role"]
 const notARole: Message = { role: "robot", content: "beep", tool_calls: [], is_error: false };
 void notARole;
+// ...and a message to append has each role's rules: a tool result needs its call's id.
+// @ts-expect-error a NewToolMessage without tool_call_id
+const noCallId: NewMessage = { role: "tool", content: "18°C" };
+void noCallId;
 
 async function main(): Promise<Summary> {
   const baseUrl = env("EPISODIC_URL");
@@ -123,15 +118,16 @@ async function main(): Promise<Summary> {
 
   const batch: AppendBatch = {
     messages: [
-      message("user", "What is the weather in Paris?"),
-      message("assistant", null, {
+      { role: "user", content: "What is the weather in Paris?" },
+      {
+        role: "assistant",
+        content: null,
         tool_calls: [{ id: "call_1", name: "weather", args: { city: "Paris" } }],
-      }),
-      message("tool", "18°C and sunny", { tool_call_id: "call_1", name: "weather" }),
-      message("assistant", "It is 18°C and sunny in Paris."),
+      },
+      { role: "tool", tool_call_id: "call_1", name: "weather", content: "18°C and sunny" },
+      { role: "assistant", content: "It is 18°C and sunny in Paris." },
     ],
-    // All four counts: the generated Usage requires the two that default to 0 as well.
-    usage: { input_tokens: 120, output_tokens: 30, cache_read_tokens: 0, reasoning_tokens: 0 },
+    usage: { input_tokens: 120, output_tokens: 30 },
   };
   const idempotencyKey = `ts-${crypto.randomUUID()}`;
   const appendWithKey = (body: AppendBatch) =>
@@ -145,19 +141,21 @@ async function main(): Promise<Summary> {
   const second = await appendWithKey(batch);
   const replayed = ok("replayed append", second);
 
-  const other = await appendWithKey({ messages: [message("user", "And in Lyon?")] });
+  const other = await appendWithKey({ messages: [{ role: "user", content: "And in Lyon?" }] });
   const mismatch: Problem = failed("append of another body under the same key", other);
 
   // The ETag from creation ("0") is behind the batch just appended.
   const staleAppend = await client.POST("/v1/conversations/{conversation_id}/messages", {
     params: { path, header: { "If-Match": createdEtag ?? '"0"' } },
-    body: { messages: [message("user", "Behind the head")] },
+    body: { messages: [{ role: "user", content: "Behind the head" }] },
   });
   const stale: Problem = failed("append with a stale If-Match", staleAppend);
 
+  // In OpenAI's chat format, as the context below gives it back.
+  const chat: OpenAIAppendBatch = { format: "openai", messages: [{ role: "user", content: "Thanks!" }] };
   const freshAppend = await client.POST("/v1/conversations/{conversation_id}/messages", {
     params: { path, header: { "If-Match": first.response.headers.get("ETag") ?? "" } },
-    body: { messages: [message("user", "Thanks!")] },
+    body: chat,
   });
   const fresh = ok("append with the head's If-Match", freshAppend);
 
