@@ -19,8 +19,9 @@ import asyncpg
 
 from episodic import EpisodicStore, Message
 from episodic.store.batch import PreparedBatch, prepare_batch
-from episodic.store.postgres import APPEND, trigger_document
-from episodic.store.postgres import _init_connection as init_connection
+from episodic.store.postgres.backend import _init_connection as init_connection
+from episodic.store.postgres.backend import trigger_document
+from episodic.store.postgres.queries import APPEND
 
 # The floor of an append with episodic's guarantees: a gapless seq taken from a head row that
 # also keeps a counter, and the event's row, in one function call (one round trip). No

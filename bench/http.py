@@ -676,7 +676,8 @@ def breakdown(result: Result) -> list[str]:
         textwrap.fill(
             f"`GET /healthz` takes {_us(floor)} µs a round trip, {_us(floor_app)} µs of it in the "
             "app (its one HTTP middleware, which observes the request for the metrics and the "
-            "access log line, and the route): the rest is uvicorn, the loopback connection and httpx, which "
+            "access log line, and the route): the rest is uvicorn, the loopback connection and "
+            "httpx, which "
             f"every call pays. `KeyStore.verify` takes {_us(verify)} µs a call: it checks a "
             "SQLAlchemy connection out of its own pool and runs BEGIN (implicit), the SELECT "
             f"and ROLLBACK; the same row by raw asyncpg, one prepared SELECT, takes {_us(select)} "

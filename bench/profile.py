@@ -36,7 +36,7 @@ from episodic.context import compose_context
 from episodic.settings import EpisodicSettings
 from episodic.store.batch import prepare_batch
 from episodic.store.codec import decode_tail
-from episodic.store.postgres import LOAD_TAIL
+from episodic.store.postgres.queries import LOAD_TAIL
 
 PROFILE = Path(__file__).with_name("PROFILE.md")
 

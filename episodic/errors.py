@@ -2,7 +2,7 @@
 
 One root, :class:`EpisodicError`. Each class says when it is raised and carries the fields a
 caller needs to act on it. Database driver errors never reach callers: the store translates
-them in one place (``episodic.store.translate``) and re-raises one of these ``from`` the
+them in one place (``episodic.store.db_errors``) and re-raises one of these ``from`` the
 original.
 """
 

@@ -16,8 +16,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from episodic.settings import EpisodicSettings
-from episodic.store import citus
 from episodic.store.engine import sqlalchemy_url
+from episodic.store.postgres import citus
 from episodic.store.schema import metadata
 
 config = context.config

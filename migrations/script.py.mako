@@ -1,7 +1,7 @@
 """${message}
 
 (Frozen once it ships: a later change is a new revision. A function this revision creates is
-a copy of episodic/store/sql/schema.sql at this revision, and schema.sql stays the current
+a copy of episodic/store/postgres/schema.sql at this revision, and schema.sql stays the current
 definition; tests/contract/test_schema.py compares them.)
 """
 

@@ -5,7 +5,7 @@
 e.g. the ``citus`` profile of docker-compose.yml). Citus refuses to clone a template, and a
 database's nodes and extension are its own, so each test database is made whole: created on
 every node, the extension created on every node, the nodes registered, then migrated, which
-distributes the schema (episodic/store/citus.py).
+distributes the schema (episodic/store/postgres/citus.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import asyncpg
 from sqlalchemy.engine import make_url
 
-from episodic.store.citus import CITUS_INSTALLED, WORKER_NODES, on_node
+from episodic.store.postgres.citus import CITUS_INSTALLED, WORKER_NODES, on_node
 from tests.support import asyncpg_dsn
 
 CITUS_URL_VARIABLE = "EPISODIC_TEST_CITUS_URL"

@@ -15,9 +15,9 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from episodic.errors import ApiKeyNotFoundError, AuthenticationError, ValidationError
+from episodic.store.db_errors import translated_errors
 from episodic.store.engine import parse_database_url
 from episodic.store.schema import api_keys
-from episodic.store.translate import translated_errors
 
 PREFIX = "ep_"
 

@@ -47,7 +47,7 @@ PlanBoundary = Callable[[HeadState, list[StoredEvent], datetime], BoundaryWrite]
 @dataclass(frozen=True, slots=True)
 class PlannedEvent:
     """A retraction or a clear, planned in Python from the head and the tail
-    (store/view_changes.py) and written only if the head is still the one it was planned
+    (store/planned_events.py) and written only if the head is still the one it was planned
     on."""
 
     event: RetractionEvent | ClearEvent | UsageEvent | DeletionEvent

@@ -35,7 +35,7 @@ from episodic.models import (
     construct_valid,
     plain_defaults,
 )
-from episodic.store.collector import collection_paused
+from episodic.store.gc_pause import collection_paused
 from episodic.store.projection import COUNTER_FIELDS, HeadCounters, HeadState
 
 

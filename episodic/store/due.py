@@ -1,6 +1,6 @@
 """When a conversation becomes due for compaction, decided from its head alone.
 
-The Python twins of ``sql/schema.sql``'s ``episodic_pressure`` (:func:`pressure_from`),
+The Python twins of ``postgres/schema.sql``'s ``episodic_pressure`` (:func:`pressure_from`),
 ``episodic_trigger_config`` (:func:`trigger_config_for`), ``episodic_mark_due``
 (:func:`due_marking`) and ``episodic_sweep_due`` (:func:`swept`); the SQLite backend and
 ``store.pressure`` call them, and tests/contract/test_twins.py checks both sides agree.

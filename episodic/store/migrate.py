@@ -14,7 +14,6 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from episodic.errors import ConfigurationError, SchemaNotMigratedError
-from episodic.store.citus import DEFAULT_SHARD_COUNT
 
 #: Every revision of episodic's schema, oldest first; this version of episodic needs the last.
 #: (A test checks this is Alembic's history.)
@@ -68,7 +67,7 @@ class SchemaMigration:
         return self.before != self.after
 
 
-def _upgrade(connection: Connection, citus_shard_count: int) -> SchemaMigration:
+def _upgrade(connection: Connection, citus_shard_count: int | None) -> SchemaMigration:
     config = alembic_config()
     config.attributes["connection"] = connection
     config.attributes["citus_shard_count"] = citus_shard_count
@@ -85,10 +84,11 @@ _loop_locks: WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = WeakKe
 
 
 async def upgrade_to_head(
-    engine: AsyncEngine, *, citus_shard_count: int = DEFAULT_SHARD_COUNT
+    engine: AsyncEngine, *, citus_shard_count: int | None = None
 ) -> SchemaMigration:
     """``alembic upgrade head`` on ``engine``, in one transaction (on Citus, distributing
-    the schema in it too: store/citus.py)."""
+    the schema in it too, into ``citus_shard_count`` shards, by default the setting's:
+    store/postgres/citus.py)."""
     lock = _loop_locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
     async with lock, engine.begin() as connection:
         return await connection.run_sync(_upgrade, citus_shard_count)

@@ -1,5 +1,5 @@
 """The rules an append is held to once the conversation's state is known: the Python twin of
-``episodic_append`` in ``sql/schema.sql``.
+``episodic_append`` in ``postgres/schema.sql``.
 
 Pure: the SQLite backend looks up the facts (the head, an earlier batch under the same key, a
 reused client id) and asks :func:`append_refusal`; PostgreSQL runs the same checks in the same

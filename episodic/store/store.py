@@ -72,14 +72,14 @@ from episodic.store.checks import (
     parse_conversation_id,
 )
 from episodic.store.codec import Tail, encode_json, utc
+from episodic.store.connect import open_backend
 from episodic.store.due import check_overrides, pressure_from
 from episodic.store.engine import parse_database_url
 from episodic.store.erasure import Erasure, check_reason
 from episodic.store.migrate import HEAD_REVISION, SchemaMigration, check_revision
-from episodic.store.postgres import PostgresBackend
+from episodic.store.planned_events import plan_clear, plan_deletion, plan_retraction, plan_usage
 from episodic.store.projection import HeadState, abandoned_result_tokens, counters_of
 from episodic.store.retry import retry_transient
-from episodic.store.sqlite import SqliteBackend
 from episodic.store.state import (
     MAX_SCOPE_LENGTH,
     StateSnapshot,
@@ -94,7 +94,6 @@ from episodic.store.transfer import (
     export_tenant,
     import_lines,
 )
-from episodic.store.view_changes import plan_clear, plan_deletion, plan_retraction, plan_usage
 from episodic.tokens import TokenEstimator, estimator_from_name
 
 DEFAULT_TENANT = "default"
@@ -159,24 +158,7 @@ class EpisodicStore:
         settings = settings or load_settings()
         parsed = parse_database_url(url or settings.database_url)
         chosen_estimator = estimator or estimator_from_name(settings.token_estimator)
-        backend: Backend
-        if parsed.dialect == "postgresql":
-            backend = await PostgresBackend.connect(
-                parsed,
-                min_size=settings.pool_min_size,
-                max_size=settings.pool_max_size,
-                server_settings={
-                    "lock_timeout": str(settings.lock_timeout_ms),
-                    "idle_in_transaction_session_timeout": str(
-                        settings.idle_in_transaction_timeout_ms
-                    ),
-                },
-                connect_timeout=settings.connect_timeout_seconds,
-                append_calls=settings.append_calls,
-                citus_shard_count=settings.citus_shard_count,
-            )
-        else:
-            backend = await SqliteBackend.connect(parsed)
+        backend = await open_backend(parsed, settings)
         try:
             revision = await backend.schema_revision()
         except BaseException:
@@ -552,7 +534,7 @@ class EpisodicStore:
 
     async def _write_planned(self, cid: UUID, plan: PlanEvent) -> PlannedEvent | None:
         """A retraction, a clear or a usage report, as ``plan`` decides from the head and
-        the events after its cut (store/view_changes.py); None when it decides nothing."""
+        the events after its cut (store/planned_events.py); None when it decides nothing."""
         found, written = await self._backend.write_event(cid, plan, self.trigger)
         if not found:
             raise NotFoundError(cid)

@@ -35,7 +35,7 @@ from sqlalchemy.engine import make_url
 from episodic import BoundaryRequest, EpisodicStore, Message, ToolCall, Usage
 from episodic.compaction import CompactionRequest
 from episodic.settings import EpisodicSettings
-from episodic.store.postgres import (
+from episodic.store.postgres.queries import (
     APPEND,
     CLAIM,
     CLAIM_CONVERSATION,

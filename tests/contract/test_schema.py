@@ -1,7 +1,7 @@
 """The current schema file and the migrations describe the same database.
 
 One database is migrated from empty to head; another is built from
-``episodic/store/sql/schema.sql`` alone. Their catalogs are compared: the definition of every
+``episodic/store/postgres/schema.sql`` alone. Their catalogs are compared: the definition of every
 ``episodic_*`` function (``pg_get_functiondef``, body included) and its privileges, every
 composite type's fields, every table's columns, constraints, indexes, triggers, policies,
 row-level security flags, storage options and grants. Any difference fails with a diff that
@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from episodic.store.sql import schema_sql
+from episodic.store.postgres.queries import schema_sql
 from tests.conftest import _admin, _with_database
 from tests.support import asyncpg_dsn
 
@@ -130,7 +130,7 @@ def drift(migrated: dict[str, str], current: dict[str, str]) -> str:
                 migrated[name].splitlines(),
                 current[name].splitlines(),
                 fromfile=f"{name} (migrations, upgrade head)",
-                tofile=f"{name} (episodic/store/sql/schema.sql)",
+                tofile=f"{name} (episodic/store/postgres/schema.sql)",
                 lineterm="",
             )
             report.append("\n".join(lines))

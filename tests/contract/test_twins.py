@@ -6,7 +6,7 @@ append_refusal`` (the refusals, in their order), ``HeadCounters`` (the head fold
 ``due.due_marking`` and ``due.due_reason`` (the trigger), ``due.swept`` (which heads the
 sweep looks at) and ``due.CLEARED_COMPACTION_STATE`` (what a boundary leaves). PostgreSQL runs
 ``episodic_append``, ``episodic_mark_run_completed``, ``episodic_trigger_reason``,
-``episodic_sweep_due`` and ``episodic_write_boundary`` from ``sql/schema.sql``. After every
+``episodic_sweep_due`` and ``episodic_write_boundary`` from ``postgres/schema.sql``. After every
 step the outcome (kind, seq, the offending id) and the whole head (counters, open calls, due
 state) are compared, and so is the trigger's answer each side gives on that head.
 """
@@ -29,7 +29,7 @@ from episodic.policy import EpisodicCompactionConfig, safe_cut
 from episodic.store.batch import PreparedBatch, prepare_batch
 from episodic.store.codec import decode_conversation
 from episodic.store.due import CLEARED_COMPACTION_STATE, due_marking, due_reason, swept
-from episodic.store.postgres import trigger_document
+from episodic.store.postgres.backend import trigger_document
 from episodic.store.projection import HeadCounters, abandoned_result_tokens, counters_of
 from episodic.store.rules import PriorBatch, WriteOutcome, append_refusal
 from tests.conftest import isolated_settings

@@ -1,7 +1,7 @@
-"""Appends in flight at once go together in one call (episodic/store/coalesce.py), on a real
-PostgreSQL: every append lands once, with its own outcome; a refusal or an error stays with
-the append at fault; a call held up by a lock does not hold up the others; heads are locked
-in conversation id order.
+"""Appends in flight at once go together in one call (episodic/store/postgres/coalesce.py),
+on a real PostgreSQL: every append lands once, with its own outcome; a refusal or an error
+stays with the append at fault; a call held up by a lock does not hold up the others; heads
+are locked in conversation id order.
 
 One call of ``episodic_append_many`` is one transaction, so the appends it carried share
 ``now()``: their events' ``created_at`` is what shows, from the database, that they went
@@ -24,10 +24,10 @@ from episodic import EpisodicStore, Message
 from episodic.errors import ConflictError, IntegrityViolationError, LockTimeoutError
 from episodic.policy import EpisodicCompactionConfig
 from episodic.settings import EpisodicSettings
-from episodic.store.postgres import trigger_document
+from episodic.store.postgres.backend import trigger_document
 from tests.support import asyncpg_dsn
 
-#: From episodic/store/coalesce.py's defaults: the longest an append waits for a call slot.
+#: From episodic/store/postgres/coalesce.py's defaults: the longest an append waits for a call slot.
 MAX_WAIT = 0.005
 
 

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from episodic import BoundaryRequest, EpisodicStore, Message, ToolCall
-from episodic.store.postgres import LOAD_TAIL, TAIL_RANGE
+from episodic.store.postgres.queries import LOAD_TAIL, TAIL_RANGE
 from tests.support import store_through_proxy
 
 

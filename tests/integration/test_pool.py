@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from episodic.store.pool import Pool, PoolClosedError
+from episodic.store.postgres.pool import Pool, PoolClosedError
 from tests.support import asyncpg_dsn
 
 PID = "SELECT pg_backend_pid()"

@@ -61,7 +61,7 @@ from episodic import (
     Message,
     TransientDatabaseError,
 )
-from episodic.store.pool import Pool
+from episodic.store.postgres.pool import Pool
 from tests.reliability.sizes import size
 from tests.support import asyncpg_dsn, snapshot
 

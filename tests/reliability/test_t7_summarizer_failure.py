@@ -49,7 +49,7 @@ import pytest
 
 from episodic import EpisodicStore, Message
 from episodic.policy import EpisodicCompactionConfig
-from episodic.store.postgres import SWEEP_DUE
+from episodic.store.postgres.queries import SWEEP_DUE
 from episodic.worker.backoff import JITTER
 from tests.conftest import isolated_settings
 from tests.reliability.sizes import seeded, seeds, size

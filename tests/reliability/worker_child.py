@@ -59,8 +59,8 @@ from sqlalchemy.engine import make_url
 from episodic import EpisodicStore
 from episodic.settings import EpisodicSettings
 from episodic.store.backend import BoundaryPlanner
-from episodic.store.citus import CITUS_INSTALLED
-from episodic.store.postgres import PostgresBackend
+from episodic.store.postgres.backend import PostgresBackend
+from episodic.store.postgres.citus import CITUS_INSTALLED
 from episodic.summarizers import SummarizerError, SummaryResult
 from episodic.summarizers.classify import summarizer_error
 from episodic.worker import CompactionOptions, CompactionWorker

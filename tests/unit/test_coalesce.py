@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from episodic.store.coalesce import AppendCoalescer, CallRolledBack
+from episodic.store.postgres.coalesce import AppendCoalescer, CallRolledBack
 
 
 class Sender:

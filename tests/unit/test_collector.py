@@ -1,4 +1,4 @@
-"""store/collector.py: loads pause the cyclic collector, and it always comes back as it was."""
+"""store/gc_pause.py: loads pause the cyclic collector, and it always comes back as it was."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from episodic.store.collector import collection_paused
+from episodic.store.gc_pause import collection_paused
 
 
 @pytest.fixture(autouse=True)

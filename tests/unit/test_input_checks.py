@@ -26,7 +26,7 @@ from episodic.store.batch import prepare_batch
 from episodic.store.boundaries import BoundaryRequest
 from episodic.store.checks import check_int, check_text, checked_usage
 from episodic.store.codec import encode_json
-from episodic.store.translate import translated_errors
+from episodic.store.db_errors import translated_errors
 from episodic.tokens import estimator_from_name
 
 ESTIMATOR = estimator_from_name("chars")

@@ -72,6 +72,7 @@ from episodic.store.codec import (
     json_value,
     utc,
 )
+from episodic.store.db_errors import translated_errors
 from episodic.store.due import CLEARED_COMPACTION_STATE, due_marking, swept
 from episodic.store.engine import DatabaseUrl
 from episodic.store.erasure import Erasure, erasure_from_row
@@ -87,7 +88,6 @@ from episodic.store.schema import (
     shared_state,
 )
 from episodic.store.state import StateSnapshot
-from episodic.store.translate import translated_errors
 
 _WRITE = "episodic_write"
 

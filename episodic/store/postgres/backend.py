@@ -1,7 +1,7 @@
 """The PostgreSQL backend: asyncpg directly on the request path.
 
 Appends, run completions and loads are one call each to a PL/pgSQL function (defined in
-``sql/schema.sql``, created by the migrations), by parameter name, so each is one round trip
+``postgres/schema.sql``, created by the migrations), by parameter name, so each is one round trip
 with no explicit BEGIN/COMMIT; asyncpg prepares each statement once per connection and reuses
 it. SQLAlchemy is used only to run the migrations.
 
@@ -47,313 +47,71 @@ from episodic.store.backend import (
 )
 from episodic.store.batch import PreparedBatch
 from episodic.store.boundaries import BoundaryWrite
-from episodic.store.citus import (
-    CITUS_INSTALLED,
-    DEFAULT_SHARD_COUNT,
-    LAYOUT,
-    WORKER_NODES,
-    on_node,
-)
-from episodic.store.coalesce import AppendCoalescer, CallRolledBack
 from episodic.store.codec import (
-    EVENT_COLUMNS,
     Tail,
     decode_conversation,
     decode_event_row,
     decode_head_state,
     decode_tail,
 )
+from episodic.store.db_errors import connection_refused, translated, translated_errors
 from episodic.store.engine import DatabaseUrl
 from episodic.store.erasure import Erasure, erasure_from_row
 from episodic.store.export_format import ConversationHeader, EventRow, HeadImage, SharedStateRow
-from episodic.store.listen import DueListener
 from episodic.store.migrate import SchemaMigration, upgrade_to_head
-from episodic.store.pool import Pool
-from episodic.store.sql import named_call
+from episodic.store.postgres.citus import (
+    CITUS_INSTALLED,
+    DEFAULT_SHARD_COUNT,
+    LAYOUT,
+    WORKER_NODES,
+    on_node,
+)
+from episodic.store.postgres.coalesce import AppendCoalescer, CallRolledBack
+from episodic.store.postgres.listen import DueListener
+from episodic.store.postgres.pool import Pool
+from episodic.store.postgres.queries import (
+    APPEND,
+    APPEND_MANY,
+    APPEND_WITH_STATE,
+    ATTEMPT_ROWS,
+    BOUNDARY_WRITE_TRIES,
+    CLAIM,
+    CLAIM_CONVERSATION,
+    CONVERSATION_IDS,
+    CREATE_CONVERSATION,
+    DUE_CHANNEL,
+    END_ATTEMPT,
+    ERASE_CONVERSATION,
+    ERASE_TENANT,
+    ERASED_SQLSTATE,
+    EVENT_ROWS,
+    GET_CONVERSATION,
+    IMPORT_ATTEMPTS,
+    IMPORT_EVENTS,
+    IMPORT_HEAD,
+    LIST_BY_USER,
+    LIST_CONVERSATIONS,
+    LOAD_TAIL,
+    MARK_RUN_COMPLETED,
+    QUEUE,
+    READ_EVENTS,
+    READ_HEAD,
+    READ_REVISION,
+    READ_STATE,
+    READ_TAIL_AFTER,
+    RECENT_ATTEMPTS,
+    SET_TENANT,
+    SHARED_STATES,
+    STATUS,
+    SWEEP_DUE,
+    TENANT_NOT_EMPTY_SQLSTATE,
+    WRITE_BOUNDARY,
+    WRITE_EVENT,
+    WRITE_SHARED_STATES,
+)
 from episodic.store.state import StateSnapshot
-from episodic.store.translate import connection_refused, translated, translated_errors
-
-READ_REVISION = "SELECT version_num FROM episodic_alembic_version"
 
 T = TypeVar("T")
-
-OUTCOME = "o_outcome, o_seq, o_created_at, o_detail"
-# Rows of events: codec.EVENT_COLUMNS, in order (read by position).
-EVENT = ", ".join(f"o_{name} AS {name}" for name in EVENT_COLUMNS)
-# load_context's rows: the same, with created_at in seconds since the epoch (codec.instant),
-# then where the head stands (the same on every row).
-TAIL = (
-    EVENT.replace("o_created_at AS", "date_part('epoch', o_created_at) AS")
-    + ", o_last_seq AS last_seq, o_boundary_seq AS boundary_seq"
-)
-
-# The request path: one call each to the functions in sql/schema.sql, by parameter name. The
-# trigger's thresholds are one jsonb (EpisodicCompactionConfig); p_scope is the tenant of a
-# scoped store (NULL otherwise), which the function sets for row-level security itself.
-#: An append's arguments, in this order: episodic_append's first parameters, and the fields
-#: of an episodic_append_request (the appends of a coalesced call).
-APPEND_REQUEST = (
-    "p_conversation_id", "p_expected_seq", "p_idempotency_key", "p_request_hash",
-    "p_payloads", "p_token_estimates", "p_client_ids", "p_usage", "p_usage_input_tokens",
-    "p_user_messages", "p_token_sum", "p_called_ids", "p_opened_ids", "p_opened_offsets",
-    "p_closed_ids",
-)  # fmt: skip
-APPEND = named_call("episodic_append", (*APPEND_REQUEST, "p_trigger", "p_scope"), columns=OUTCOME)
-# An append that changes state or gives its time: never coalesced (episodic_append_many's
-# requests carry neither).
-APPEND_WITH_STATE = named_call(
-    "episodic_append",
-    (*APPEND_REQUEST, "p_trigger", "p_scope", "p_state", "p_touched_at"),
-    columns=OUTCOME,
-)
-# Appends in flight at once, in one call (store/coalesce.py): an outcome row each, by index.
-APPEND_MANY = named_call(
-    "episodic_append_many", ("p_requests", "p_trigger", "p_scope"), columns=f"o_index, {OUTCOME}"
-)
-
-MARK_RUN_COMPLETED = named_call(
-    "episodic_mark_run_completed",
-    ("p_conversation_id", "p_tokens_per_abandoned", "p_trigger", "p_scope"),
-    columns=OUTCOME,
-)
-
-CREATE_CONVERSATION = named_call(
-    "episodic_create_conversation",
-    (
-        "p_conversation_id", "p_tenant_id", "p_created_at", "p_metadata", "p_scope",
-        "p_app_name", "p_user_id", "p_touched_at", "p_state", "p_reuse_erased",
-    ),
-)  # fmt: skip
-#: episodic_create_conversation's refusal of an erased id (raised after its insert, which
-#: the raise takes back).
-ERASED_SQLSTATE = "EP410"
-#: episodic_erase_tenant's refusal while the tenant still has conversations.
-TENANT_NOT_EMPTY_SQLSTATE = "EP409"
-
-ERASE_CONVERSATION = named_call(
-    "episodic_erase_conversation", ("p_conversation_id", "p_erasure_id", "p_reason", "p_scope")
-)
-ERASE_TENANT = named_call(
-    "episodic_erase_tenant",
-    (
-        "p_tenant_id", "p_erasure_id", "p_reason", "p_conversations", "p_events",
-        "p_attempts",
-    ),
-)  # fmt: skip
-CONVERSATION_IDS = """
-SELECT conversation_id FROM episodic_conversations
- WHERE tenant_id = $1 AND ($2::uuid IS NULL OR conversation_id > $2)
- ORDER BY conversation_id
- LIMIT $3
-"""
-EVENT_ROWS = """
-SELECT seq, kind, created_at, token_estimate, payload, usage, client_id, idempotency_key,
-       request_hash, batch_size
-  FROM episodic_events
- WHERE conversation_id = $1 AND seq > $2 AND seq <= $3 AND ($5::text IS NULL OR tenant_id = $5)
- ORDER BY seq
- LIMIT $4
-"""
-ATTEMPT_ROWS = """
-SELECT * FROM episodic_compaction_attempts
- WHERE conversation_id = $1 AND ($2::text IS NULL OR tenant_id = $2)
- ORDER BY finished_at, attempt_id
-"""
-SHARED_STATES = """
-SELECT tenant_id, scope, state, updated_at FROM episodic_shared_state
- WHERE tenant_id = $1 ORDER BY scope COLLATE "C"
-"""
-WRITE_SHARED_STATES = """
-INSERT INTO episodic_shared_state AS s (tenant_id, scope, state, updated_at)
-SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::timestamptz[])
-ON CONFLICT (tenant_id, scope) DO UPDATE
-   SET state = excluded.state, updated_at = excluded.updated_at
-"""
-# An import's pages: its rows as arrays, one statement each (COPY does not run under
-# row-level security).
-IMPORT_EVENTS = """
-INSERT INTO episodic_events (conversation_id, tenant_id, seq, kind, created_at,
-                             token_estimate, payload, usage, client_id, idempotency_key,
-                             request_hash, batch_size)
-SELECT $1, $2, r.* FROM unnest($3::bigint[], $4::text[], $5::timestamptz[], $6::integer[],
-                               $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
-                               $12::integer[]) AS r
-"""
-IMPORT_ATTEMPTS = """
-INSERT INTO episodic_compaction_attempts
-SELECT (jsonb_populate_record(NULL::episodic_compaction_attempts, j)).*
-  FROM jsonb_array_elements($1::jsonb) AS j
-"""
-IMPORT_HEAD = """
-UPDATE episodic_conversations SET
-    last_seq = $2, boundary_seq = $3, covers_through_seq = $4, total_user_messages = $5,
-    user_messages_since_boundary = $6, run_completed_since_boundary = $7,
-    user_messages_since_run_completed = $8, context_tokens = $9, usage_input_tokens = $10,
-    tokens_since_usage = $11, open_tool_calls = $12, state = $13, boundary_at = $14,
-    deleted_at = $15, touched_at = $16
- WHERE conversation_id = $1
-"""
-READ_STATE = named_call(
-    "episodic_read_state",
-    ("p_conversation_id", "p_tenant_id", "p_shared", "p_scope"),
-    columns="o_scope, o_state, o_last_seq, o_touched_at",
-)
-LIST_BY_USER = named_call(
-    "episodic_list_by_user",
-    (
-        "p_tenant_id", "p_app_name", "p_user_id", "p_after_user", "p_after_id", "p_limit",
-        "p_scope",
-    ),
-)  # fmt: skip
-
-# The head's cut, then the events after it with a range scan planned on every call (see the
-# function), so the cost is the rows returned, whatever the length of the history.
-LOAD_TAIL = named_call("episodic_load_tail", ("p_conversation_id", "p_scope"), columns=TAIL)
-
-# Everything else a scoped store does runs in a transaction that starts with this.
-SET_TENANT = named_call("episodic_set_tenant", ("p_tenant",))
-
-READ_EVENTS = f"""
-SELECT {", ".join(EVENT_COLUMNS)}
-  FROM episodic_events
- WHERE conversation_id = $1 AND seq > $2 AND ($4::text IS NULL OR tenant_id = $4)
- ORDER BY seq
- LIMIT $3
-"""
-
-#: The range query episodic_load_tail runs, for plan tests.
-TAIL_RANGE = """
-SELECT e.seq, e.kind, e.created_at, e.token_estimate, e.payload, e.usage
-  FROM episodic_events e
- WHERE e.conversation_id = $1 AND e.seq > $2 AND e.seq <= $3
- ORDER BY e.seq
-"""
-
-GET_CONVERSATION = named_call("episodic_head", ("p_conversation_id", "p_scope"))
-
-# A boundary is written optimistically, without holding a lock while Python plans it: read
-# the head, then the events after the cut (through episodic_load_tail, planned per call), plan,
-# then write in one statement that applies only if the head is still the one read (same last
-# seq, same boundary, lease still held). If anything moved, plan again on the new state. Three
-# round trips, no explicit transaction.
-READ_HEAD = named_call(
-    "episodic_head", ("p_conversation_id", "p_scope"), columns="*, now() AS database_now"
-)
-
-# With no WHERE over its rows (the row without an event, when none is after the cut, is
-# skipped in Python): Citus delegates a function call only when nothing filters its result.
-READ_TAIL_AFTER = named_call(
-    "episodic_load_tail", ("p_conversation_id", "p_after_seq", "p_scope"), columns=EVENT
-)
-
-WRITE_BOUNDARY = named_call(
-    "episodic_write_boundary",
-    (
-        "p_conversation_id", "p_planned_last_seq", "p_planned_boundary_seq", "p_lease_token",
-        "p_seq", "p_covers_through_seq", "p_user_messages_since_boundary",
-        "p_run_completed_since_boundary", "p_user_messages_since_run_completed",
-        "p_context_tokens", "p_created_at", "p_token_estimate", "p_payload", "p_attempt",
-        "p_scope",
-    ),
-)  # fmt: skip
-
-#: Plans of a boundary (or a retraction, a clear) that a busy conversation may force before
-#: the write gives up.
-BOUNDARY_WRITE_TRIES = 20
-
-# A retraction or a clear (store/view_changes.py) is written the same way: read the head and
-# the events after its cut, plan, write if the head is still at the planned last seq.
-WRITE_EVENT = named_call(
-    "episodic_write_event",
-    (
-        "p_conversation_id", "p_planned_last_seq", "p_seq", "p_kind", "p_created_at",
-        "p_payload", "p_covers_through_seq", "p_total_user_messages",
-        "p_user_messages_since_boundary", "p_run_completed_since_boundary",
-        "p_user_messages_since_run_completed", "p_context_tokens", "p_usage_input_tokens",
-        "p_tokens_since_usage", "p_open_tool_calls", "p_context_since", "p_trigger", "p_scope",
-    ),
-)  # fmt: skip
-
-# Claims (sql/schema.sql): one call each, holding no lock across conversations.
-CLAIM_COLUMNS = (
-    "o_conversation_id AS conversation_id, o_tenant_id AS tenant_id, "
-    "o_lease_token AS lease_token, o_lease_expires_at AS lease_expires_at, "
-    "o_compaction_attempts AS compaction_attempts, o_due_reason AS due_reason, "
-    "o_boundary_seq AS boundary_seq, o_claimed_at AS claimed_at"
-)
-CLAIM = named_call(
-    "episodic_claim", ("p_limit", "p_owner", "p_lease_seconds", "p_scope"), columns=CLAIM_COLUMNS
-)
-CLAIM_CONVERSATION = named_call(
-    "episodic_claim_conversation",
-    ("p_conversation_id", "p_owner", "p_lease_seconds", "p_reason", "p_scope"),
-    columns=CLAIM_COLUMNS,
-)
-
-DUE_CHANNEL = "episodic_due"
-
-# Ends an attempt that wrote no boundary, fenced by the lease token, and records it, in one
-# statement. A worker whose lease was taken over changes nothing but the ledger.
-END_ATTEMPT = named_call(
-    "episodic_end_attempt",
-    (
-        "p_conversation_id", "p_lease_token", "p_clear_due", "p_retry_in_seconds", "p_dead",
-        "p_attempt", "p_scope",
-    ),
-)  # fmt: skip
-
-# The periodic sweep: the trigger evaluated now over every head with something to compact.
-SWEEP_DUE = named_call("episodic_sweep_due", ("p_trigger",))
-
-STATUS = """
-SELECT count(*) FILTER (WHERE due_since IS NOT NULL AND dead_since IS NULL) AS due,
-       count(*) FILTER (WHERE lease_expires_at > now()) AS leased,
-       count(*) FILTER (WHERE due_since IS NOT NULL AND dead_since IS NULL
-                          AND last_error IS NOT NULL) AS failing,
-       count(*) FILTER (WHERE dead_since IS NOT NULL) AS dead
-  FROM episodic_conversations
- WHERE $1::text IS NULL OR tenant_id = $1
-"""
-
-# The conversations behind the counts, what needs a person first (dead, then leased, failing,
-# due). An operator's query: it reads every head, like the counts.
-QUEUE = """
-SELECT conversation_id, tenant_id, due_reason AS reason, compaction_attempts AS attempts,
-       last_error, next_attempt_at, lease_owner, lease_expires_at,
-       CASE WHEN dead_since IS NOT NULL THEN 'dead'
-            WHEN lease_expires_at > now() THEN 'leased'
-            WHEN last_error IS NOT NULL THEN 'failing'
-            ELSE 'due' END AS state
-  FROM episodic_conversations
- WHERE (due_since IS NOT NULL OR dead_since IS NOT NULL OR lease_expires_at > now())
-   AND ($2::text IS NULL OR tenant_id = $2)
- ORDER BY array_position(ARRAY['dead', 'leased', 'failing', 'due'],
-                         CASE WHEN dead_since IS NOT NULL THEN 'dead'
-                              WHEN lease_expires_at > now() THEN 'leased'
-                              WHEN last_error IS NOT NULL THEN 'failing'
-                              ELSE 'due' END),
-          next_attempt_at NULLS LAST, conversation_id
- LIMIT $1
-"""
-
-RECENT_ATTEMPTS = """
-SELECT conversation_id, worker, reason, outcome, error, started_at, finished_at, model,
-       tokens_before, tokens_after, boundary_seq
-  FROM episodic_compaction_attempts
- WHERE $2::text IS NULL OR tenant_id = $2
- ORDER BY finished_at DESC
- LIMIT $1
-"""
-
-LIST_CONVERSATIONS = """
-SELECT * FROM episodic_conversations c
- WHERE ($1::text IS NULL OR c.tenant_id = $1) AND c.deleted_at IS NULL
-   AND ($3::uuid IS NULL OR (c.created_at, c.conversation_id) < (
-        SELECT p.created_at, p.conversation_id FROM episodic_conversations p
-         WHERE p.conversation_id = $3))
- ORDER BY c.created_at DESC, c.conversation_id DESC
- LIMIT $2
-"""
 
 
 def _json_default(value: object) -> str:
@@ -891,7 +649,7 @@ class PostgresBackend:
         # A dedicated connection: LISTEN is session state, which pooled connections must
         # not carry (the pool gives them back as they are, with no reset: episodic leaves no
         # session state behind, its settings and advisory locks being transaction-local).
-        # It is opened again when it is lost (store/listen.py).
+        # It is opened again when it is lost (store/postgres/listen.py).
         # On Citus a delegated append runs, and so sends its NOTIFY, on the worker node that
         # holds the conversation (when its transaction commits there): one listener per node.
         dsn = self._url.asyncpg
