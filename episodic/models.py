@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Annotated, Any, Literal, Self, TypeAlias, TypeVar
+from typing import Annotated, Any, Literal, Self, TypeAlias, TypeVar, get_args
 from uuid import UUID
 
 import orjson
@@ -498,19 +498,16 @@ class Message(EpisodicModel):
 _LEFT_OUT_WHEN_EMPTY = ("tool_calls", "is_error", "metadata")
 
 
-def messages_from_openai(items: Sequence[Mapping[str, Any]]) -> list[Message]:
-    """Convert a chat-completions message list, naming each tool result after its call.
-    (:mod:`episodic.formats.openai_chat` has it; this is the name it has always had here.)"""
-    from episodic.formats.openai_chat import messages_from_openai as convert
-
-    return convert(items)
-
-
 # ---- the log ----------------------------------------------------------------------------
 
 EventKind: TypeAlias = Literal[
     "message", "boundary", "run_completed", "retraction", "clear", "usage", "state", "deletion"
 ]
+#: Every kind of event, in the order above: the one list the log's CHECK constraint, the
+#: export format and the loaders derive theirs from (schema.sql's CHECK is compared with it).
+EVENT_KINDS: tuple[EventKind, ...] = get_args(EventKind)
+#: The kinds that carry what the model sees: a message, or a boundary's handoff.
+CONTEXT_KINDS: frozenset[EventKind] = frozenset({"message", "boundary"})
 RetentionMode: TypeAlias = Literal["recent_user_messages", "recent_turns"]
 
 
@@ -685,7 +682,9 @@ class Conversation(EpisodicModel):
 
 
 __all__ = [
+    "CONTEXT_KINDS",
     "DEVELOPER_ROLE",
+    "EVENT_KINDS",
     "MAX_TOKEN_COUNT",
     "OPENAI_CHAT_PROTOCOL",
     "OPENAI_RESPONSES_PROTOCOL",
@@ -715,6 +714,5 @@ __all__ = [
     "Usage",
     "UsageEvent",
     "construct_valid",
-    "messages_from_openai",
     "plain_defaults",
 ]

@@ -14,6 +14,8 @@ import orjson
 
 from episodic.errors import ValidationError
 from episodic.models import (
+    CONTEXT_KINDS,
+    EVENT_KINDS,
     BoundaryEvent,
     ClearEvent,
     Conversation,
@@ -346,7 +348,7 @@ def decode_tail(
 
 #: Kinds a context has no message for: load_context skips their rows (a retraction's target
 #: is noted first). A clear is never in a tail: it is the cut.
-_NOT_IN_CONTEXT = frozenset({"run_completed", "retraction", "clear", "usage", "state", "deletion"})
+_NOT_IN_CONTEXT = frozenset(EVENT_KINDS) - CONTEXT_KINDS
 
 
 _EPOCH = datetime.fromtimestamp(0, UTC)

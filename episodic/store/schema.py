@@ -26,6 +26,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.elements import TextClause
 
+from episodic.models import EVENT_KINDS
+
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -39,7 +41,6 @@ metadata = MetaData(naming_convention=NAMING_CONVENTION)
 #: jsonb on PostgreSQL, JSON text on SQLite.
 JsonDocument = JSON().with_variant(JSONB(), "postgresql")
 Timestamp = DateTime(timezone=True)
-EVENT_KINDS = ("message", "boundary", "run_completed")
 
 
 def _zero() -> TextClause:
@@ -137,11 +138,7 @@ events = Table(
     Column("idempotency_key", Text(), nullable=True),
     Column("request_hash", Text(), nullable=True),
     Column("batch_size", Integer(), nullable=True),
-    CheckConstraint(
-        "kind IN ('message', 'boundary', 'run_completed', 'retraction', 'clear', 'usage', "
-        "'state', 'deletion')",
-        name="kind",
-    ),
+    CheckConstraint(f"kind IN ({', '.join(repr(kind) for kind in EVENT_KINDS)})", name="kind"),
     CheckConstraint("seq > 0", name="seq_positive"),
     # Partial: almost every row has neither, and NULLs would otherwise be indexed on every
     # append. Partial also keeps these indexes out of the planner's way for load_context: a
@@ -232,13 +229,7 @@ api_keys = Table(
     Column("revoked_at", Timestamp, nullable=True),
 )
 
-#: Tables whose rows are never updated, and deleted only by an erasure (database triggers
-#: refuse anything else).
-APPEND_ONLY_TABLES = (events.name, compaction_attempts.name)
-
 __all__ = [
-    "APPEND_ONLY_TABLES",
-    "EVENT_KINDS",
     "NAMING_CONVENTION",
     "api_keys",
     "compaction_attempts",

@@ -18,9 +18,9 @@ from uuid import uuid4
 
 import pytest
 
-from episodic import BoundaryRequest, EpisodicStore, Message, ToolCall, Usage
+from episodic import BoundaryRequest, EpisodicStore, Message, ToolCall, Usage, messages_from_openai
 from episodic.errors import ConflictError, ValidationError
-from episodic.models import MAX_TOKEN_COUNT, messages_from_openai
+from episodic.models import MAX_TOKEN_COUNT
 from tests.conftest import isolated_settings
 from tests.support import snapshot
 

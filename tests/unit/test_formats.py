@@ -18,7 +18,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import episodic
-from episodic import models
 from episodic.context import MISSING_RESULT_TEXT, Context, compose_context
 from episodic.errors import ConfigurationError, ValidationError
 from episodic.formats import openai_chat
@@ -971,8 +970,7 @@ def test_chat_completions_conversions_are_the_formats_module() -> None:
     )
     assert episodic.messages_from_openai is openai_chat.messages_from_openai
     items = [message.to_openai(), Message.tool_result("call_1", "ok").to_openai()]
-    assert models.messages_from_openai(items) == episodic.messages_from_openai(items)
-    assert models.messages_from_openai(items)[1].name == "run"
+    assert episodic.messages_from_openai(items)[1].name == "run"
     context = context_of([Message.user("go"), message, Message.tool_result("call_1", "ok")])
     assert context.to_openai() == [m.to_openai() for m in context.messages]
 
