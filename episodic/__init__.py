@@ -57,8 +57,18 @@ from episodic.policy import (
 )
 from episodic.settings import EpisodicSettings
 from episodic.store import EpisodicStore
+from episodic.store.attempts import (
+    AttemptEnd,
+    AttemptOutcome,
+    AttemptRecord,
+    Claim,
+    CompactionQueueEntry,
+    CompactionStatus,
+)
 from episodic.store.boundaries import BoundaryRequest
 from episodic.store.erasure import Erasure
+from episodic.store.migrate import SchemaMigration
+from episodic.store.state import StateSnapshot
 from episodic.store.transfer import ImportedConversation, ImportSummary
 from episodic.tokens import CharHeuristic, TiktokenEstimator, TokenEstimator
 
@@ -66,10 +76,16 @@ from episodic.tokens import CharHeuristic, TiktokenEstimator, TokenEstimator
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttemptEnd",
+    "AttemptOutcome",
+    "AttemptRecord",
     "BoundaryEvent",
     "BoundaryRequest",
     "CharHeuristic",
+    "Claim",
     "ClearEvent",
+    "CompactionQueueEntry",
+    "CompactionStatus",
     "ConfigurationError",
     "ConflictError",
     "Context",
@@ -102,9 +118,11 @@ __all__ = [
     "OrphanToolResultError",
     "RetractionEvent",
     "RunCompletedEvent",
+    "SchemaMigration",
     "SchemaNotMigratedError",
     "StateChange",
     "StateEvent",
+    "StateSnapshot",
     "StoredEvent",
     "TenantDeniedError",
     "TextBlock",

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, BinaryIO, TypeVar
 from uuid import UUID
 
 import typer
@@ -31,7 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from episodic import __version__
+from episodic import Erasure, ImportSummary, __version__
 from episodic.cli_help import HelpTyper
 from episodic.display import (
     clip,
@@ -52,8 +52,10 @@ from episodic.errors import (
 from episodic.settings import EpisodicSettings, load_settings
 from episodic.store import EpisodicStore
 from episodic.store.checks import parse_conversation_id
-from episodic.store.erasure import Erasure, check_reason
-from episodic.store.transfer import ImportSummary
+from episodic.store.erasure import check_reason
+
+if TYPE_CHECKING:  # the server extra is imported only by the commands that need it
+    from episodic.server.keys import ApiKey, KeyStore
 
 app = HelpTyper(
     name="episodic",
@@ -771,7 +773,8 @@ keys_app = HelpTyper(help="API keys of `episodic serve`: each is a tenant's.")
 app.add_typer(keys_app, name="keys")
 
 
-def _keys(work: Callable[[Any], Awaitable[T]], database_url: str | None) -> T:
+def _keys(work: Callable[[KeyStore], Awaitable[T]], database_url: str | None) -> T:
+    # imported when a keys command runs: the server extra need not be installed for the rest
     from episodic.server.keys import KeyStore
 
     settings = _settings(database_url=database_url)
@@ -802,9 +805,8 @@ def keys_create(
 ) -> None:
     """Make a key. It is printed once: only its hash is kept."""
 
-    async def work(keys: Any) -> tuple[Any, str]:
-        created: tuple[Any, str] = await keys.create(tenant, operator=operator, label=label)
-        return created
+    async def work(keys: KeyStore) -> tuple[ApiKey, str]:
+        return await keys.create(tenant, operator=operator, label=label)
 
     key, secret = _keys(work, database_url)
     kind = "operator key" if key.operator else "key"
@@ -816,9 +818,8 @@ def keys_create(
 def keys_list(database_url: DatabaseUrlOption = None) -> None:
     """The keys (never their secrets)."""
 
-    async def work(keys: Any) -> list[Any]:
-        listed: list[Any] = await keys.list()
-        return listed
+    async def work(keys: KeyStore) -> list[ApiKey]:
+        return await keys.list()
 
     table = _plain_table("key", "tenant", "operator", "label", "created", "revoked")
     for key in _keys(work, database_url):
@@ -840,7 +841,7 @@ def keys_revoke(
 ) -> None:
     """Revoke a key: requests with it get 401 from then on."""
 
-    async def work(keys: Any) -> Any:
+    async def work(keys: KeyStore) -> ApiKey:
         return await keys.revoke(key_id)
 
     key = _keys(work, database_url)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from uuid import UUID
 
+from episodic import BoundaryRequest
 from episodic.context import Context
 from episodic.errors import ConflictError, UnsafeCutError
 from episodic.loop import (
@@ -23,7 +24,6 @@ from episodic.loop import (
 from episodic.models import BoundaryEvent
 from episodic.policy import EpisodicCompactionTrigger
 from episodic.store import EpisodicStore
-from episodic.store.boundaries import BoundaryRequest
 
 logger = logging.getLogger(__name__)
 

@@ -63,6 +63,7 @@ from pydantic import JsonValue
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 from typing_extensions import override
 
+from episodic import BoundaryRequest, Erasure, StateSnapshot
 from episodic.context import boundary_messages
 from episodic.errors import (
     ConflictError,
@@ -82,9 +83,6 @@ from episodic.models import (
     StoredEvent,
 )
 from episodic.store import DEFAULT_TENANT, EpisodicStore
-from episodic.store.boundaries import BoundaryRequest
-from episodic.store.erasure import Erasure
-from episodic.store.state import StateSnapshot
 from episodic.view import in_view
 
 logger = logging.getLogger(__name__)

@@ -44,6 +44,7 @@ from agents.memory.session_settings import (
 )
 from agents.run_context import RunContextWrapper
 
+from episodic import BoundaryRequest
 from episodic.context import boundary_messages
 from episodic.errors import (
     ConflictError,
@@ -54,7 +55,6 @@ from episodic.errors import (
 )
 from episodic.models import Message, MessageEvent, Usage
 from episodic.store import DEFAULT_TENANT, EpisodicStore
-from episodic.store.boundaries import BoundaryRequest
 from episodic.view import in_view
 
 logger = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class EpisodicSession(SessionABC):
         items = view.items if view is not None else []
         if wanted is not None and len(items) > wanted:
             items = _without_leading_outputs(items[-wanted:])
-        return items  # type: ignore[return-value]
+        return _as_items(items)
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Store the items, in order, in one append (the conversation is created by the
@@ -131,7 +131,7 @@ class EpisodicSession(SessionABC):
             return None
         if retracted is None:
             return None
-        return retracted.message.to_responses()[0]  # type: ignore[return-value]
+        return _as_items(retracted.message.to_responses())[0]
 
     async def clear_session(self) -> None:
         """Empty the view: a clear, so the log keeps everything."""
@@ -178,8 +178,8 @@ class EpisodicSession(SessionABC):
                 return
             for event in events:
                 if isinstance(event, MessageEvent):
-                    for item in event.message.to_responses():
-                        yield item  # type: ignore[misc]
+                    for item in _as_items(event.message.to_responses()):
+                        yield item
             if len(events) < page_size:
                 return
             after = events[-1].seq
@@ -276,6 +276,14 @@ class _View:
     covers_through_seq: int
     boundary_seq: int | None
     last_seq: int
+
+
+def _as_items(items: list[dict[str, Any]]) -> list[TResponseInputItem]:
+    """Stored items as the SDK's type: ``Message.to_responses`` gives back an item the SDK
+    added whole, and writes any other message as Responses input items (the shapes
+    ``TResponseInputItem`` unites), so the cast states what the formats guarantee; a
+    TypedDict union cannot be checked at run time item by item."""
+    return cast(list[TResponseInputItem], items)
 
 
 def _without_leading_outputs(items: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -10,15 +10,13 @@ from uuid import UUID
 
 from fastapi import APIRouter, Depends, Query
 
-from episodic import errors
+from episodic import CompactionStatus, Erasure, errors
 from episodic.server.auth import JsonBody, KeyOf, require_operator
 from episodic.server.keys import ApiKey
 from episodic.server.problems import Problem
 from episodic.server.schemas import CompactionRun, ErasureRequest, Health
 from episodic.settings import EpisodicSettings
 from episodic.store import EpisodicStore
-from episodic.store.attempts import CompactionStatus
-from episodic.store.erasure import Erasure
 from episodic.summarizers import Summarizer
 from episodic.worker import CompactionOptions, compact_claimed
 from episodic.worker.setup import options_from_settings, summarizer_from_settings
