@@ -29,7 +29,7 @@ from episodic.server.auth import JsonBody, KeyOf, key_dependency
 from episodic.server.inbound import AppendFormat, document_requests, read_append
 from episodic.server.inspector import inspector_routes
 from episodic.server.keys import ApiKey, KeyStore
-from episodic.server.limits import BodyLimit
+from episodic.server.limits import MAX_PAGE, BodyLimit
 from episodic.server.links import add_links
 from episodic.server.metrics import instrument
 from episodic.server.operations import ManualCompaction, health_routes, operator_routes
@@ -52,8 +52,6 @@ from episodic.server.schemas import (
 from episodic.store import EpisodicStore
 
 logger = logging.getLogger("episodic.server.errors")
-#: the largest page a list or events request may ask for
-MAX_PAGE = 1_000
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 NDJSON = "application/x-ndjson"
 Page = Annotated[int, Query(ge=1, le=MAX_PAGE, description="at most this many")]

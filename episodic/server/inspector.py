@@ -43,6 +43,7 @@ from episodic.policy import EpisodicCompactionPressure
 from episodic.server.access_log import request_id_of
 from episodic.server.disclosure import public_detail
 from episodic.server.keys import ApiKey, KeyStore
+from episodic.server.limits import MAX_PAGE
 from episodic.server.problems import status_of
 from episodic.store import EpisodicStore
 
@@ -52,7 +53,6 @@ COOKIE_PATH = "/ui"
 COOKIE_SECONDS = 12 * 3600
 CONVERSATIONS_PAGE = 50
 EVENTS_PAGE = 200
-MAX_PAGE = 1_000
 #: the events read to count the whole history in view; a longer log shows no "before" figure
 MAX_SCANNED_EVENTS = 100_000
 SCAN_PAGE = 1_000

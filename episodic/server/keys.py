@@ -11,7 +11,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import RowMapping, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from episodic.errors import ApiKeyNotFoundError, AuthenticationError, ValidationError
@@ -131,13 +131,12 @@ class KeyStore:
         return _key(row)
 
 
-def _key(row: object) -> ApiKey:
-    data = dict(row)  # type: ignore[call-overload]
+def _key(row: RowMapping) -> ApiKey:
     return ApiKey(
-        key_id=data["key_id"],
-        tenant_id=data["tenant_id"],
-        operator=bool(data["operator"]),
-        label=data["label"],
-        created_at=data["created_at"],
-        revoked_at=data["revoked_at"],
+        key_id=row["key_id"],
+        tenant_id=row["tenant_id"],
+        operator=bool(row["operator"]),
+        label=row["label"],
+        created_at=row["created_at"],
+        revoked_at=row["revoked_at"],
     )

@@ -1,5 +1,6 @@
-"""A request body limit that answers as every other error does (problem+json 413), whether
-the size is announced (Content-Length) or only found while streaming."""
+"""The HTTP API's limits: the largest page a list may ask for, and a request body limit that
+answers as every other error does (problem+json 413), whether the size is announced
+(Content-Length) or only found while streaming."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from episodic.server.problems import problem
+
+#: the largest page a list (of conversations, of events) may ask for, over /v1 and in /ui
+MAX_PAGE = 1_000
 
 
 class BodyLimit:
