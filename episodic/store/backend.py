@@ -1,5 +1,18 @@
-"""What the store asks of a database backend. ``postgres.py`` and ``sqlite.py`` implement it;
-everything dialect-specific lives in those two modules."""
+"""The port: what the store (``store.py``) asks of a database backend, and the values the
+backends answer with (:class:`WriteOutcome`, :data:`CreateOutcome`).
+
+Two packages implement it, and what is specific to one database lives in its own (the
+migrations, in ``migrations/``, aside): ``postgres/`` (the backend, every statement it sends in
+``queries.py``, the PL/pgSQL of ``schema.sql``, the pool, the coalescer, the listener, Citus)
+and ``sqlite/``. Every module at the top of ``store/`` serves both and imports neither
+(import-linter holds it); only ``connect.py`` builds one. The decisions both databases make
+are written once in Python as pure functions (``rules.py``, ``due.py``, ``attempts.py``,
+``planned_events.py``, ``projection.py``) that the SQLite backend calls and PostgreSQL's SQL
+mirrors; each names its SQL twin, and tests/contract/test_twins.py checks they agree. A
+method here has the name of its SQL function where there is one (``head`` is
+``episodic_head``, ``sweep_due`` ``episodic_sweep_due``), so one grep finds every side of an
+operation.
+"""
 
 from __future__ import annotations
 
@@ -10,15 +23,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 from uuid import UUID
 
-from episodic.models import (
-    ClearEvent,
-    Conversation,
-    DeletionEvent,
-    MessageEvent,
-    RetractionEvent,
-    StoredEvent,
-    UsageEvent,
-)
+from episodic.models import Conversation, StoredEvent
 from episodic.policy import EpisodicCompactionConfig
 from episodic.store.attempts import (
     AttemptEnd,
@@ -33,31 +38,42 @@ from episodic.store.codec import Tail
 from episodic.store.erasure import Erasure
 from episodic.store.export_format import ConversationHeader, EventRow, HeadImage, SharedStateRow
 from episodic.store.migrate import SchemaMigration
-from episodic.store.projection import HeadCounters, HeadState
-from episodic.store.rules import Outcome, WriteOutcome
+from episodic.store.planned_events import PlannedEvent
+from episodic.store.projection import HeadState
 from episodic.store.state import StateSnapshot
 
-Closer = Callable[[], Awaitable[None]]
-#: What creating a conversation came to: made, its id taken by one that exists, or by one
-#: that was erased (refused unless the caller reuses erased ids).
-CreateOutcome = Literal["created", "taken", "erased"]
-PlanBoundary = Callable[[HeadState, list[StoredEvent], datetime], BoundaryWrite]
+#: What a write of the request path came to (an append, a run completion).
+Outcome = Literal[
+    "appended",
+    "replayed",
+    "not_found",
+    "deleted",
+    "conflict",
+    "idempotency_mismatch",
+    "client_id_reused",
+    "duplicate_tool_call",
+    "orphan",
+    "orphan_abandoned",
+]
 
 
 @dataclass(frozen=True, slots=True)
-class PlannedEvent:
-    """A retraction or a clear, planned in Python from the head and the tail
-    (store/planned_events.py) and written only if the head is still the one it was planned
-    on."""
+class WriteOutcome:
+    """What a write reported. ``seq`` is the first seq written (or replayed, or the actual
+    last seq on a conflict); ``detail`` names the offending id on a refusal."""
 
-    event: RetractionEvent | ClearEvent | UsageEvent | DeletionEvent
-    payload: str
-    #: the head's counters once it is stored
-    counters: HeadCounters
-    #: the message a retraction takes back
-    retracted: MessageEvent | None = None
-    #: when the current context began, for a clear (the age rule measures from it)
-    context_since: datetime | None = None
+    outcome: Outcome
+    seq: int | None = None
+    created_at: datetime | None = None
+    detail: str | None = None
+
+
+Closer = Callable[[], Awaitable[None]]
+#: What creating a conversation came to: made, its id taken by one that exists, or by one
+#: that was erased (refused unless the caller reuses erased ids): what
+#: rules.create_conversation_outcome decides.
+CreateOutcome = Literal["created", "taken", "erased"]
+PlanBoundary = Callable[[HeadState, list[StoredEvent], datetime], BoundaryWrite]
 
 
 #: The plan: from the head, the events after its cut and the database's now, the event to
@@ -89,6 +105,9 @@ class ImportSink(Protocol):
 
 
 class Backend(Protocol):
+    """A database behind the store: ``PostgresBackend`` or ``SqliteBackend``. Each method is
+    one operation, named as its SQL function is where there is one."""
+
     dialect: str
     #: the tenant every operation is scoped to; None for an unscoped backend
     tenant: str | None
@@ -123,7 +142,8 @@ class Backend(Protocol):
     ) -> CreateOutcome:
         """Insert the head row (listed under ``listed``, an app and a user), and with
         ``state_json`` its first event, the initial state, applied as an append's is. An id
-        with a tombstone is "erased" unless ``reuse_erased``."""
+        with a tombstone is "erased" unless ``reuse_erased`` (``episodic_create_conversation``;
+        the outcome is rules.create_conversation_outcome's)."""
         ...
 
     async def erase_conversation(
@@ -201,19 +221,25 @@ class Backend(Protocol):
     ) -> WriteOutcome:
         """Append the batch (refused as a conflict unless the last seq is its
         ``expected_seq``) and, in the same transaction, mark the conversation due when
-        ``trigger`` (with the conversation's overrides) fires on the new head."""
+        ``trigger`` (with the conversation's overrides) fires on the new head
+        (``episodic_append``; the refusals are rules.append_refusal's)."""
         ...
 
     async def mark_run_completed(
         self, conversation_id: UUID, tokens_per_abandoned: int, trigger: EpisodicCompactionConfig
-    ) -> WriteOutcome: ...
+    ) -> WriteOutcome:
+        """Append a run completion that abandons the calls still open, and mark the
+        conversation due when ``trigger`` fires on the new head
+        (``episodic_mark_run_completed``; the head is HeadCounters.after_run_completed's)."""
+        ...
 
     async def write_boundary(
         self, conversation_id: UUID, planner: BoundaryPlanner
     ) -> BoundaryWrite | None:
         """Lock the head, read the events after the planner's cut, let it decide (it raises to
         refuse), and write its result (and its attempt, completed with the boundary's seq),
-        all in one transaction. None when the conversation does not exist."""
+        all in one transaction. None when the conversation does not exist
+        (``episodic_write_boundary``; what it clears is due.CLEARED_COMPACTION_STATE)."""
         ...
 
     async def write_event(
@@ -222,19 +248,23 @@ class Backend(Protocol):
         """Read the head and the events after its cut, let ``plan`` decide, and write its
         event and counters if the head has not moved meanwhile (else plan again), marking the
         conversation due when ``trigger`` fires on the new head: (found, what was written).
-        Found is False when the conversation does not exist."""
+        Found is False when the conversation does not exist (or is deleted)
+        (``episodic_write_event``; what it sets besides the counters is
+        planned_events.write_event_columns)."""
         ...
 
     async def claim(self, owner: str, limit: int, lease_seconds: float) -> list[Claim]:
         """Lease up to ``limit`` due conversations (skipping any another worker holds) and
-        count the attempt, in one statement."""
+        count the attempt, in one statement (``episodic_claim``; which ones and what is
+        written are attempts.claimable and attempts.claim_columns)."""
         ...
 
     async def claim_conversation(
         self, conversation_id: UUID, owner: str, lease_seconds: float, reason: str
     ) -> Claim | None:
         """Lease one conversation now, due or not (an operator's ``episodic compact``); None
-        when another worker holds its lease."""
+        when another worker holds its lease (``episodic_claim_conversation``;
+        attempts.claimable_by_hand and attempts.claim_conversation_columns)."""
         ...
 
     async def listen_for_due(self, wake: Callable[[], None]) -> Closer | None:
@@ -246,16 +276,22 @@ class Backend(Protocol):
         self, claim: Claim, end: AttemptEnd, attempt: AttemptRecord
     ) -> AttemptOutcome:
         """Release the lease as ``end`` says and record ``attempt``, if the lease is still
-        ours (else the attempt is recorded as ``lease_lost`` and the head is left alone)."""
+        ours (else the attempt is recorded as ``lease_lost`` and the head is left alone)
+        (``episodic_end_attempt``; attempts.end_attempt_columns and
+        attempts.end_attempt_outcome)."""
         ...
 
-    async def mark_due_by_age(self, trigger: EpisodicCompactionConfig) -> int:
-        """Mark due the conversations whose age rule fires (the periodic sweep)."""
+    async def sweep_due(self, trigger: EpisodicCompactionConfig) -> int:
+        """The periodic sweep: mark due the conversations ``trigger`` fires on now (the age
+        rule fires with time alone); how many it marked (``episodic_sweep_due``; which heads
+        it looks at is due.sweep_due_candidate, what it marks due.due_marking)."""
         ...
 
-    async def status(self, recent: int, limit: int) -> CompactionStatus:
+    async def queue_status(self, recent: int, limit: int) -> CompactionStatus:
         """Queue counts, up to ``limit`` of the queue's conversations (dead first), and the
-        ``recent`` latest attempts; only the scoped tenant's, when scoped."""
+        ``recent`` latest attempts; only the scoped tenant's, when scoped (queries
+        ``QUEUE_COUNTS``, ``QUEUE`` and ``RECENT_ATTEMPTS``; attempts.queue_counts,
+        queue_state and queue_order)."""
         ...
 
     async def load_tail(self, conversation_id: UUID, *, with_events: bool) -> Tail | None:
@@ -265,9 +301,15 @@ class Backend(Protocol):
 
     async def read_events(
         self, conversation_id: UUID, after_seq: int, limit: int
-    ) -> list[StoredEvent]: ...
+    ) -> list[StoredEvent]:
+        """Up to ``limit`` events after ``after_seq``, oldest first; none for a conversation
+        that is not there or not the scope's."""
+        ...
 
-    async def get_conversation(self, conversation_id: UUID) -> Conversation | None: ...
+    async def head(self, conversation_id: UUID) -> Conversation | None:
+        """The conversation's head, deleted or not; None when it is not there or not the
+        scope's (``episodic_head``; the store's ``get_conversation``)."""
+        ...
 
     async def list_conversations(self, limit: int, before: UUID | None) -> list[Conversation]:
         """Newest first; ``before``: continue after this conversation (the previous page's
@@ -286,6 +328,5 @@ __all__ = [
     "Outcome",
     "PlanBoundary",
     "PlanEvent",
-    "PlannedEvent",
     "WriteOutcome",
 ]

@@ -14,6 +14,8 @@ from episodic.models import Usage
 MAX_SEQ = 2**63 - 1
 MAX_READ_LIMIT = 10_000
 MAX_TENANT_ID_LENGTH = 256
+#: The longest app name or user id a conversation is listed under (and an export may carry).
+MAX_LISTING_LENGTH = 512
 #: The longest worker name (``owner``) and claim reason the queue records.
 MAX_CLAIM_TEXT_LENGTH = 512
 #: The longest lease: a crashed worker's claim holds its conversation this long at most.
@@ -107,6 +109,7 @@ def check_lease(owner: Any, lease_seconds: Any) -> None:
 __all__ = [
     "MAX_CLAIM_TEXT_LENGTH",
     "MAX_LEASE_SECONDS",
+    "MAX_LISTING_LENGTH",
     "MAX_READ_LIMIT",
     "MAX_SEQ",
     "MAX_TENANT_ID_LENGTH",

@@ -2,8 +2,9 @@
 
 The Python twins of ``postgres/schema.sql``'s ``episodic_pressure`` (:func:`pressure_from`),
 ``episodic_trigger_config`` (:func:`trigger_config_for`), ``episodic_mark_due``
-(:func:`due_marking`) and ``episodic_sweep_due`` (:func:`swept`); the SQLite backend and
-``store.pressure`` call them, and tests/contract/test_twins.py checks both sides agree.
+(:func:`due_marking`) and ``episodic_sweep_due`` (:func:`sweep_due_candidate`, with
+:func:`due_marking`); the SQLite backend and ``store.pressure`` call them, and
+tests/contract/test_twins.py checks both sides agree.
 """
 
 from __future__ import annotations
@@ -145,14 +146,20 @@ def due_marking(
     }
 
 
-def swept(
-    counters: HeadCounters, *, due_since: datetime | None, dead_since: datetime | None
+def sweep_due_candidate(
+    counters: HeadCounters,
+    *,
+    due_since: datetime | None,
+    dead_since: datetime | None,
+    deleted_at: datetime | None,
 ) -> bool:
-    """Whether the periodic sweep looks at this head: not due, not dead, and with something
-    after its latest boundary to compact."""
+    """Whether the periodic sweep looks at this head: not due, not dead, not deleted, and
+    with something after its latest boundary to compact (the sweep then marks it as
+    :func:`due_marking` says). Twin of the scan's ``WHERE`` in ``episodic_sweep_due``."""
     return (
         due_since is None
         and dead_since is None
+        and deleted_at is None
         and counters.last_seq > (counters.boundary_seq or 0)
     )
 
@@ -164,6 +171,6 @@ __all__ = [
     "due_marking",
     "due_reason",
     "pressure_from",
-    "swept",
+    "sweep_due_candidate",
     "trigger_config_for",
 ]

@@ -24,9 +24,9 @@ from uuid import UUID
 import orjson
 
 from episodic.errors import ImportFormatError, ValidationError
-from episodic.models import Conversation
+from episodic.models import EVENT_KINDS, Conversation
 from episodic.store.attempts import AttemptRecord
-from episodic.store.checks import MAX_SEQ, check_tenant, check_text
+from episodic.store.checks import MAX_LISTING_LENGTH, MAX_SEQ, check_tenant, check_text
 from episodic.store.codec import utc
 from episodic.store.due import check_overrides
 from episodic.store.projection import COUNTER_FIELDS, HeadCounters
@@ -35,14 +35,8 @@ from episodic.store.state import check_touched_at
 FORMAT = "episodic-export"
 #: The version this episodic writes and the only one it reads.
 VERSION = 1
-#: The event kinds an export may hold (the log's CHECK constraint).
-EVENT_KINDS = frozenset(
-    {"message", "boundary", "run_completed", "retraction", "clear", "usage", "state", "deletion"}
-)
 #: The largest value of an integer column (token estimates, batch sizes).
 MAX_INT32 = 2**31 - 1
-#: The longest app name or user id (the store's listing limit).
-MAX_LISTING_LENGTH = 512
 #: The longest line an import reads: a message's limit is 1 MiB by default, a boundary holds a
 #: summary and handoff items, and JSON escaping can double a text.
 MAX_LINE_BYTES = 64 * 1024 * 1024

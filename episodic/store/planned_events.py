@@ -4,25 +4,46 @@ retraction and a clear, which change what is in view without rewriting the log
 a deletion.
 Each is planned here from the head and the events after its cut, and the backend writes it
 only if the head has not moved since, so two concurrent retractions take back two messages,
-never one twice."""
+never one twice. What the write sets besides the counters is :func:`write_event_columns`,
+the twin of ``episodic_write_event``."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from episodic.models import (
     ClearEvent,
     DeletionEvent,
+    MessageEvent,
     RetractionEvent,
     StoredEvent,
     Usage,
     UsageEvent,
 )
-from episodic.store.backend import PlannedEvent
+from episodic.policy import EpisodicCompactionConfig
 from episodic.store.codec import encode_json
-from episodic.store.projection import HeadState
+from episodic.store.due import due_marking
+from episodic.store.projection import HeadCounters, HeadState
 from episodic.view import in_view, retraction_target
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedEvent:
+    """A retraction, a clear, a usage report or a deletion, planned here from the head and
+    the tail, and written only if the head is still the one it was planned on."""
+
+    event: RetractionEvent | ClearEvent | UsageEvent | DeletionEvent
+    payload: str
+    #: the head's counters once it is stored
+    counters: HeadCounters
+    #: the message a retraction takes back
+    retracted: MessageEvent | None = None
+    #: when the current context began, for a clear (the age rule measures from it)
+    context_since: datetime | None = None
 
 
 def plan_retraction(
@@ -88,4 +109,50 @@ def plan_deletion(conversation_id: UUID, head: HeadState, now: datetime) -> Plan
     return PlannedEvent(event=event, payload="{}", counters=head.counters.after_event(seq=seq))
 
 
-__all__ = ["plan_clear", "plan_deletion", "plan_retraction", "plan_usage"]
+def write_event_columns(
+    planned: PlannedEvent,
+    *,
+    due_since: datetime | None,
+    dead_since: datetime | None,
+    created_at: datetime,
+    boundary_at: datetime | None,
+    metadata: Mapping[str, Any],
+    trigger: EpisodicCompactionConfig,
+    now: datetime,
+) -> dict[str, Any]:
+    """The head columns writing ``planned`` sets besides its counters, from the head it was
+    planned on (its due state, creation, context start and metadata): a clear's new context
+    start (``boundary_at``); for a deletion, the conversation hidden and taken off the
+    worker's queue (its due state cleared, nothing marked); for any other event, the
+    conversation marked due when ``trigger`` fires on the new head (:func:`due_marking`, the
+    age measured from the context's start as it is after the event).
+
+    Twin of ``episodic_write_event``'s ``SET`` (``boundary_at``, ``deleted_at``,
+    ``due_since``, ``due_reason``) and of its call of ``episodic_mark_due``."""
+    columns: dict[str, Any] = {}
+    if planned.context_since is not None:
+        columns["boundary_at"] = planned.context_since
+    if planned.event.kind == "deletion":
+        columns.update(deleted_at=planned.event.created_at, due_since=None, due_reason=None)
+        return columns
+    marking = due_marking(
+        planned.counters,
+        due_since=due_since,
+        dead_since=dead_since,
+        created_at=created_at,
+        boundary_at=planned.context_since or boundary_at,
+        metadata=metadata,
+        default=trigger,
+        now=now,
+    )
+    return {**columns, **marking}
+
+
+__all__ = [
+    "PlannedEvent",
+    "plan_clear",
+    "plan_deletion",
+    "plan_retraction",
+    "plan_usage",
+    "write_event_columns",
+]

@@ -1,10 +1,12 @@
-"""The rules an append is held to once the conversation's state is known: the Python twin of
-``episodic_append`` in ``postgres/schema.sql``.
+"""The rules a write is held to once the conversation's state is known: the Python twins of
+``episodic_append`` (:func:`append_refusal`) and ``episodic_create_conversation``
+(:func:`create_conversation_outcome`) in ``postgres/schema.sql``.
 
 Pure: the SQLite backend looks up the facts (the head, an earlier batch under the same key, a
-reused client id) and asks :func:`append_refusal`; PostgreSQL runs the same checks in the same
-order inside the function. ``tests/contract/test_twins.py`` drives both with the same
-generated appends and compares what they answer and the heads they leave.
+reused client id; whether an id is taken or erased) and asks these functions; PostgreSQL runs
+the same checks in the same order inside its functions. ``tests/contract/test_twins.py``
+drives both with the same generated appends (and ids) and compares what they answer and the
+heads they leave.
 """
 
 from __future__ import annotations
@@ -12,33 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
 
+from episodic.store.backend import CreateOutcome, WriteOutcome
 from episodic.store.batch import PreparedBatch
-
-Outcome = Literal[
-    "appended",
-    "replayed",
-    "not_found",
-    "deleted",
-    "conflict",
-    "idempotency_mismatch",
-    "client_id_reused",
-    "duplicate_tool_call",
-    "orphan",
-    "orphan_abandoned",
-]
-
-
-@dataclass(frozen=True, slots=True)
-class WriteOutcome:
-    """What a write reported. ``seq`` is the first seq written (or replayed, or the actual
-    last seq on a conflict); ``detail`` names the offending id on a refusal."""
-
-    outcome: Outcome
-    seq: int | None = None
-    created_at: datetime | None = None
-    detail: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +66,21 @@ def append_refusal(
     return None
 
 
+def create_conversation_outcome(*, taken: bool, erased: bool, reuse_erased: bool) -> CreateOutcome:
+    """What creating a conversation under an id comes to: ``taken`` when a conversation holds
+    the id (whatever its tombstones), else ``erased`` when the id has a tombstone in the
+    tenant and the caller did not ask to ``reuse_erased`` ids, else ``created``.
+
+    Twin of ``episodic_create_conversation``: its insert ``ON CONFLICT DO NOTHING`` answers
+    ``'taken'`` first, then a tombstone of the tenant raises ``EP410``, which the backend reads
+    as ``erased``."""
+    if taken:
+        return "taken"
+    if erased and not reuse_erased:
+        return "erased"
+    return "created"
+
+
 def needs_abandoned_calls(batch: PreparedBatch, open_tool_calls: Mapping[str, int]) -> bool:
     """Whether :func:`append_refusal` would look at the abandoned calls (an orphan result)."""
     return any(i not in open_tool_calls for i in batch.closed_ids)
@@ -104,10 +97,9 @@ def abandoned_in(payloads: Sequence[Mapping[str, object]]) -> list[str]:
 
 
 __all__ = [
-    "Outcome",
     "PriorBatch",
-    "WriteOutcome",
     "abandoned_in",
     "append_refusal",
+    "create_conversation_outcome",
     "needs_abandoned_calls",
 ]

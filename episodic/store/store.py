@@ -52,7 +52,6 @@ from episodic.store.backend import (
     BoundaryPlanner,
     Closer,
     PlanEvent,
-    PlannedEvent,
     WriteOutcome,
 )
 from episodic.store.batch import PreparedBatch, prepare_batch
@@ -60,6 +59,7 @@ from episodic.store.boundaries import BoundaryRequest, BoundaryWrite, plan_bound
 from episodic.store.checks import (
     MAX_CLAIM_TEXT_LENGTH,
     MAX_LEASE_SECONDS,
+    MAX_LISTING_LENGTH,
     MAX_READ_LIMIT,
     MAX_TENANT_ID_LENGTH,
     check_int,
@@ -77,7 +77,13 @@ from episodic.store.due import check_overrides, pressure_from
 from episodic.store.engine import parse_database_url
 from episodic.store.erasure import Erasure, check_reason
 from episodic.store.migrate import HEAD_REVISION, SchemaMigration, check_revision
-from episodic.store.planned_events import plan_clear, plan_deletion, plan_retraction, plan_usage
+from episodic.store.planned_events import (
+    PlannedEvent,
+    plan_clear,
+    plan_deletion,
+    plan_retraction,
+    plan_usage,
+)
 from episodic.store.projection import HeadState, abandoned_result_tokens, counters_of
 from episodic.store.retry import retry_transient
 from episodic.store.state import (
@@ -181,12 +187,7 @@ class EpisodicStore:
         never per connection); on SQLite the store does. Shares this store's connections;
         closing it does nothing, close the store it came from."""
         check_tenant(tenant_id)
-        scope = self._backend.tenant
-        if scope is not None and tenant_id != scope:
-            raise TenantDeniedError(
-                f"this store is scoped to tenant {scope!r}; it cannot act for {tenant_id!r}",
-                tenant_id=tenant_id,
-            )
+        self._refuse_other_tenant(tenant_id, f"it cannot act for {tenant_id!r}")
         return EpisodicStore(
             self._backend.for_tenant(tenant_id),
             estimator=self.estimator,
@@ -306,10 +307,14 @@ class EpisodicStore:
         """The conversation's head: tenant, metadata and counters."""
         await self._ready()
         cid = parse_conversation_id(conversation_id)
-        head = await retry_transient(lambda: self._backend.get_conversation(cid), safe=True)
+        head = await self._head(cid)
         if head is None:
             raise NotFoundError(cid)
         return head
+
+    async def _head(self, cid: UUID) -> Conversation | None:
+        """The head, deleted or not, or None: a read, retried on a transient error."""
+        return await retry_transient(lambda: self._backend.head(cid), safe=True)
 
     async def list_by_user(
         self,
@@ -370,17 +375,24 @@ class EpisodicStore:
     def _tenant_for(self, tenant_id: str | None, action: str = "read") -> str:
         """The tenant an operation is for: the one given (a scoped store refuses another
         than its own, saying it cannot ``action`` it), else the scope's, else the default."""
-        scope = self._backend.tenant
         if tenant_id is None:
-            return scope or DEFAULT_TENANT
+            return self._backend.tenant or DEFAULT_TENANT
         check_tenant(tenant_id)
+        self._refuse_other_tenant(
+            tenant_id,
+            f"it cannot {action} tenant {tenant_id!r}; use store.for_tenant({tenant_id!r})",
+        )
+        return tenant_id
+
+    def _refuse_other_tenant(self, tenant_id: str, refusal: str) -> None:
+        """The one check that a scoped store acts for its own tenant alone: when this store is
+        scoped to another tenant than ``tenant_id``, :class:`TenantDeniedError`, its message
+        the scope then ``refusal`` (what was refused)."""
+        scope = self._backend.tenant
         if scope is not None and tenant_id != scope:
             raise TenantDeniedError(
-                f"this store is scoped to tenant {scope!r} and cannot {action} tenant "
-                f"{tenant_id!r}; use store.for_tenant({tenant_id!r})",
-                tenant_id=tenant_id,
+                f"this store is scoped to tenant {scope!r}; {refusal}", tenant_id=tenant_id
             )
-        return tenant_id
 
     async def list_conversations(
         self, *, limit: int = 100, before: UUID | str | None = None
@@ -500,19 +512,13 @@ class EpisodicStore:
         log is kept (:meth:`read_events` still reads it) and its id stays taken until an
         erasure. None when it was already deleted."""
         cid = await self._parsed(conversation_id)
-        head = await retry_transient(lambda: self._backend.get_conversation(cid), safe=True)
-        if head is None:
-            raise NotFoundError(cid)
-        if head.deleted_at is not None:
-            return None
-        written = await self._backend.write_event(
-            cid, lambda state, tail, now: plan_deletion(cid, state, now), self.trigger
+        written = await self._write_planned(
+            cid, lambda head, tail, now: plan_deletion(cid, head, now), deleted_too=True
         )
-        found, event = written
-        if not found or event is None:
-            return None  # deleted meanwhile, by another caller
-        assert isinstance(event.event, DeletionEvent)
-        return event.event.model_copy(update={"created_at": utc(event.event.created_at)})
+        if written is None:
+            return None  # deleted already (or meanwhile, by another caller)
+        assert isinstance(written.event, DeletionEvent)
+        return written.event.model_copy(update={"created_at": utc(written.event.created_at)})
 
     async def report_usage(self, conversation_id: UUID | str, usage: Usage) -> UsageEvent:
         """Record a provider's usage for the messages appended before it (when it comes after
@@ -532,13 +538,19 @@ class EpisodicStore:
         await self._ready()
         return parse_conversation_id(conversation_id)
 
-    async def _write_planned(self, cid: UUID, plan: PlanEvent) -> PlannedEvent | None:
-        """A retraction, a clear or a usage report, as ``plan`` decides from the head and
-        the events after its cut (store/planned_events.py); None when it decides nothing."""
+    async def _write_planned(
+        self, cid: UUID, plan: PlanEvent, *, deleted_too: bool = False
+    ) -> PlannedEvent | None:
+        """A retraction, a clear, a usage report or a deletion, as ``plan`` decides from the
+        head and the events after its cut (store/planned_events.py); None when it decides
+        nothing. A conversation that is not there is :class:`NotFoundError`, and so is a
+        deleted one (the backend finds neither) unless ``deleted_too``: then None."""
         found, written = await self._backend.write_event(cid, plan, self.trigger)
-        if not found:
-            raise NotFoundError(cid)
-        return written
+        if found:
+            return written
+        if deleted_too and await self._head(cid) is not None:
+            return None
+        raise NotFoundError(cid)
 
     async def read_events(
         self, conversation_id: UUID | str, after_seq: int = 0, limit: int = 1_000
@@ -552,7 +564,7 @@ class EpisodicStore:
         found = await retry_transient(
             lambda: self._backend.read_events(cid, after_seq, limit), safe=True
         )
-        if not found and await self._backend.get_conversation(cid) is None:
+        if not found and await self._head(cid) is None:
             raise NotFoundError(cid)
         return found
 
@@ -561,7 +573,7 @@ class EpisodicStore:
         shows them; exports carry them too)."""
         cid = await self._parsed(conversation_id)
         found = await retry_transient(lambda: self._backend.read_attempts(cid), safe=True)
-        if not found and await self._backend.get_conversation(cid) is None:
+        if not found and await self._head(cid) is None:
             raise NotFoundError(cid)
         return found
 
@@ -873,20 +885,17 @@ class EpisodicStore:
         the dead state, and record the attempt, all fenced by the lease token. Returns the
         outcome recorded (``lease_lost`` when another worker holds the lease now)."""
         await self._ready()
-        scope = self._backend.tenant
-        if scope is not None and claim.tenant_id != scope:
-            raise TenantDeniedError(
-                f"this store is scoped to tenant {scope!r}; the claim on conversation "
-                f"{claim.conversation_id} is tenant {claim.tenant_id!r}'s",
-                tenant_id=claim.tenant_id,
-            )
+        self._refuse_other_tenant(
+            claim.tenant_id,
+            f"the claim on conversation {claim.conversation_id} is tenant {claim.tenant_id!r}'s",
+        )
         return await self._backend.end_attempt(claim, end, attempt)
 
     async def mark_due_by_age(self) -> int:
         """The periodic sweep: mark due the conversations whose context is old enough for the
-        age rule. Returns how many became due."""
+        age rule. Returns how many became due (the backend's ``sweep_due``)."""
         await self._ready()
-        return await self._backend.mark_due_by_age(self.trigger)
+        return await self._backend.sweep_due(self.trigger)
 
     async def compaction_status(self, *, recent: int = 10, limit: int = 50) -> CompactionStatus:
         """Counts of due, leased, failing and dead conversations, up to ``limit`` of those
@@ -895,7 +904,7 @@ class EpisodicStore:
         await self._ready()
         check_int(recent, field="recent", low=0, high=MAX_READ_LIMIT)
         check_int(limit, field="limit", low=0, high=MAX_READ_LIMIT)
-        return await retry_transient(lambda: self._backend.status(recent, limit), safe=True)
+        return await retry_transient(lambda: self._backend.queue_status(recent, limit), safe=True)
 
     async def pressure(
         self, conversation_id: UUID | str, *, now: datetime | None = None
@@ -957,9 +966,6 @@ def _stored_batch(
 #: Rounds of (erase the tenant's conversations, then its shared state) before erase_tenant
 #: gives up on a tenant that keeps gaining conversations.
 ERASE_TENANT_ROUNDS = 5
-
-#: The longest app name or user id a conversation is listed under.
-MAX_LISTING_LENGTH = 512
 
 
 def _listing(app_name: str | None, user_id: str | None) -> tuple[str, str] | None:

@@ -74,7 +74,7 @@ async def export_conversation(
     backend: Backend, conversation_id: UUID, *, schema_revision: str
 ) -> AsyncIterator[str]:
     """The conversation's block, line by line (each ending in a newline)."""
-    head = await backend.get_conversation(conversation_id)
+    head = await backend.head(conversation_id)
     if head is None:
         raise NotFoundError(conversation_id)
     last = head.last_seq
@@ -251,7 +251,7 @@ async def import_lines(
             raise ImportFormatError(f"conversation {cid} is in the file twice", line=line)
         seen.add(cid)
         tenant = tenant_id if tenant_id is not None else header.tenant_id
-        if check_only and await backend.for_tenant(tenant).get_conversation(cid) is not None:
+        if check_only and await backend.for_tenant(tenant).head(cid) is not None:
             raise ConflictError(f"conversation {cid} already exists", conversation_id=cid)
         sink: AbstractAsyncContextManager[ImportSink] = (
             _checking()

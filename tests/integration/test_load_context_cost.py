@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import re
+
 import asyncpg
 import orjson
 import pytest
 from sqlalchemy.engine import make_url
 
 from episodic import BoundaryRequest, EpisodicStore, Message, ToolCall
-from episodic.store.postgres.queries import LOAD_TAIL, TAIL_RANGE
+from episodic.store.postgres.queries import LOAD_TAIL, TAIL_RANGE, schema_sql
 from tests.support import store_through_proxy
+
+
+def test_tail_range_is_the_query_episodic_load_tail_runs() -> None:
+    """The plan tests explain TAIL_RANGE: it must be the function's own query (the head's two
+    columns left out, its bounds renumbered from $3-$5 to $1-$3), or they prove nothing."""
+    executed = re.search(
+        r"RETURN QUERY EXECUTE\s+'SELECT \$1, \$2, (.*?)'", schema_sql(), re.DOTALL
+    )
+    assert executed is not None, "episodic_load_tail's EXECUTE is not where it was"
+    query = re.sub(r"\$([345])", lambda m: f"${int(m.group(1)) - 2}", executed.group(1))
+    assert " ".join(query.split()) == " ".join(TAIL_RANGE.split()).removeprefix("SELECT ")
 
 
 async def _long_conversation(store: EpisodicStore, *, events: int, tail: int) -> object:

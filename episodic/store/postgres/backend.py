@@ -42,7 +42,6 @@ from episodic.store.backend import (
     Closer,
     CreateOutcome,
     PlanEvent,
-    PlannedEvent,
     WriteOutcome,
 )
 from episodic.store.batch import PreparedBatch
@@ -59,6 +58,7 @@ from episodic.store.engine import DatabaseUrl
 from episodic.store.erasure import Erasure, erasure_from_row
 from episodic.store.export_format import ConversationHeader, EventRow, HeadImage, SharedStateRow
 from episodic.store.migrate import SchemaMigration, upgrade_to_head
+from episodic.store.planned_events import PlannedEvent
 from episodic.store.postgres.citus import (
     CITUS_INSTALLED,
     DEFAULT_SHARD_COUNT,
@@ -85,7 +85,7 @@ from episodic.store.postgres.queries import (
     ERASE_TENANT,
     ERASED_SQLSTATE,
     EVENT_ROWS,
-    GET_CONVERSATION,
+    HEAD,
     IMPORT_ATTEMPTS,
     IMPORT_EVENTS,
     IMPORT_HEAD,
@@ -94,6 +94,7 @@ from episodic.store.postgres.queries import (
     LOAD_TAIL,
     MARK_RUN_COMPLETED,
     QUEUE,
+    QUEUE_COUNTS,
     READ_EVENTS,
     READ_HEAD,
     READ_REVISION,
@@ -102,7 +103,6 @@ from episodic.store.postgres.queries import (
     RECENT_ATTEMPTS,
     SET_TENANT,
     SHARED_STATES,
-    STATUS,
     SWEEP_DUE,
     TENANT_NOT_EMPTY_SQLSTATE,
     WRITE_BOUNDARY,
@@ -696,15 +696,15 @@ class PostgresBackend:
                 )
         return outcome
 
-    async def mark_due_by_age(self, trigger: EpisodicCompactionConfig) -> int:
+    async def sweep_due(self, trigger: EpisodicCompactionConfig) -> int:
         with translated_errors():
             rows = await self._pool.fetch(SWEEP_DUE, trigger_document(trigger))
         return len(rows)
 
-    async def status(self, recent: int, limit: int) -> CompactionStatus:
+    async def queue_status(self, recent: int, limit: int) -> CompactionStatus:
         with translated_errors():
             async with self._session() as connection:
-                counts = await connection.fetchrow(STATUS, self.tenant)
+                counts = await connection.fetchrow(QUEUE_COUNTS, self.tenant)
                 queue = await connection.fetch(QUEUE, limit, self.tenant)
                 attempts = await connection.fetch(RECENT_ATTEMPTS, recent, self.tenant)
             layout = StoreLayout()
@@ -744,9 +744,9 @@ class PostgresBackend:
                 )
         return [decode_event_row(conversation_id, row) for row in rows]
 
-    async def get_conversation(self, conversation_id: UUID) -> Conversation | None:
+    async def head(self, conversation_id: UUID) -> Conversation | None:
         with translated_errors():
-            row = await self._pool.fetchrow(GET_CONVERSATION, conversation_id, self.tenant)
+            row = await self._pool.fetchrow(HEAD, conversation_id, self.tenant)
         return decode_conversation(row) if row is not None else None
 
     async def list_conversations(self, limit: int, before: UUID | None) -> list[Conversation]:

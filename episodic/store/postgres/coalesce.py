@@ -44,15 +44,18 @@ class CallRolledBack(Exception):
     none of its appends was written."""
 
 
-#: Stands for "send it alone" in a waiting append's future: its call was rolled back.
-_ALONE: object = object()
+class _Alone:
+    """Stands for "send it alone" in a waiting append's future: its call was rolled back."""
+
+
+_ALONE = _Alone()
 
 
 @dataclass(slots=True)
-class _Waiting(Generic[Request, Key]):
+class _Waiting(Generic[Request, Key, Outcome]):
     request: Request
     key: Key
-    future: asyncio.Future[object]
+    future: asyncio.Future[Outcome | _Alone]
 
 
 class AppendCoalescer(Generic[Request, Key, Outcome]):
@@ -74,7 +77,7 @@ class AppendCoalescer(Generic[Request, Key, Outcome]):
         self._max_batch = max_batch
         self._max_wait = max_wait
         self._calls = 0
-        self._waiting: deque[_Waiting[Request, Key]] = deque()
+        self._waiting: deque[_Waiting[Request, Key, Outcome]] = deque()
         self._timer: asyncio.TimerHandle | None = None
         #: a coalesced call just ended: until the tasks it woke have run (one turn of the
         #: event loop), appends wait, so the ones those tasks make go together again
@@ -86,7 +89,8 @@ class AppendCoalescer(Generic[Request, Key, Outcome]):
     async def append(self, request: Request, key: Key) -> Outcome:
         if self._calls < self._max_calls and not self._waiting and not self._gathering:
             return await self._alone(request, key)
-        waiting = _Waiting(request, key, asyncio.get_running_loop().create_future())
+        future: asyncio.Future[Outcome | _Alone] = asyncio.get_running_loop().create_future()
+        waiting = _Waiting(request, key, future)
         self._waiting.append(waiting)
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._max_wait, self._overdue)
@@ -98,9 +102,9 @@ class AppendCoalescer(Generic[Request, Key, Outcome]):
             if waiting in self._waiting:
                 self._waiting.remove(waiting)
             raise
-        if outcome is _ALONE:
+        if isinstance(outcome, _Alone):
             return await self._alone(request, key)
-        return outcome  # type: ignore[return-value]
+        return outcome
 
     async def _alone(self, request: Request, key: Key) -> Outcome:
         self._calls += 1
@@ -138,10 +142,10 @@ class AppendCoalescer(Generic[Request, Key, Outcome]):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _take(self, size: int) -> list[_Waiting[Request, Key]]:
+    def _take(self, size: int) -> list[_Waiting[Request, Key, Outcome]]:
         """Up to ``size`` waiting appends that share the first one's key, in order."""
-        batch: list[_Waiting[Request, Key]] = []
-        others: list[_Waiting[Request, Key]] = []
+        batch: list[_Waiting[Request, Key, Outcome]] = []
+        others: list[_Waiting[Request, Key, Outcome]] = []
         while self._waiting and len(batch) < size:
             waiting = self._waiting.popleft()
             if waiting.future.done():  # cancelled by its caller
@@ -156,10 +160,12 @@ class AppendCoalescer(Generic[Request, Key, Outcome]):
             self._timer = None
         return batch
 
-    async def _call(self, batch: list[_Waiting[Request, Key]]) -> None:
+    async def _call(self, batch: list[_Waiting[Request, Key, Outcome]]) -> None:
         try:
             if len(batch) == 1:
-                outcomes: list[object] = [await self._send_one(batch[0].request, batch[0].key)]
+                outcomes: list[Outcome | _Alone] = [
+                    await self._send_one(batch[0].request, batch[0].key)
+                ]
             else:
                 outcomes = list(await self._send_many([w.request for w in batch], batch[0].key))
         except CallRolledBack:

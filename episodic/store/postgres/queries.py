@@ -174,7 +174,8 @@ SELECT {", ".join(EVENT_COLUMNS)}
  LIMIT $3
 """
 
-#: The range query episodic_load_tail runs, for plan tests.
+#: The range query episodic_load_tail runs, for plan tests (tests/integration/
+#: test_load_context_cost.py checks it is the function's own).
 TAIL_RANGE = """
 SELECT e.seq, e.kind, e.created_at, e.token_estimate, e.payload, e.usage
   FROM episodic_events e
@@ -182,7 +183,8 @@ SELECT e.seq, e.kind, e.created_at, e.token_estimate, e.payload, e.usage
  ORDER BY e.seq
 """
 
-GET_CONVERSATION = named_call("episodic_head", ("p_conversation_id", "p_scope"))
+#: Backend.head: the store's get_conversation.
+HEAD = named_call("episodic_head", ("p_conversation_id", "p_scope"))
 
 # A boundary is written optimistically, without holding a lock while Python plans it: read
 # the head, then the events after the cut (through episodic_load_tail, planned per call), plan,
@@ -258,7 +260,9 @@ END_ATTEMPT = named_call(
 # The periodic sweep: the trigger evaluated now over every head with something to compact.
 SWEEP_DUE = named_call("episodic_sweep_due", ("p_trigger",))
 
-STATUS = """
+# Backend.queue_status: the counts (attempts.queue_counts is the twin), the conversations
+# behind them, the latest attempts.
+QUEUE_COUNTS = """
 SELECT count(*) FILTER (WHERE due_since IS NOT NULL AND dead_since IS NULL) AS due,
        count(*) FILTER (WHERE lease_expires_at > now()) AS leased,
        count(*) FILTER (WHERE due_since IS NOT NULL AND dead_since IS NULL
@@ -269,22 +273,22 @@ SELECT count(*) FILTER (WHERE due_since IS NOT NULL AND dead_since IS NULL) AS d
 """
 
 # The conversations behind the counts, what needs a person first (dead, then leased, failing,
-# due). An operator's query: it reads every head, like the counts.
+# due: attempts.QUEUE_STATES). An operator's query: it reads every head, like the counts. The
+# state is computed once, in the subquery, and ordered on outside it; the twins are
+# attempts.in_queue (the WHERE), attempts.queue_state (the CASE) and attempts.queue_order.
 QUEUE = """
-SELECT conversation_id, tenant_id, due_reason AS reason, compaction_attempts AS attempts,
-       last_error, next_attempt_at, lease_owner, lease_expires_at,
-       CASE WHEN dead_since IS NOT NULL THEN 'dead'
-            WHEN lease_expires_at > now() THEN 'leased'
-            WHEN last_error IS NOT NULL THEN 'failing'
-            ELSE 'due' END AS state
-  FROM episodic_conversations
- WHERE (due_since IS NOT NULL OR dead_since IS NOT NULL OR lease_expires_at > now())
-   AND ($2::text IS NULL OR tenant_id = $2)
- ORDER BY array_position(ARRAY['dead', 'leased', 'failing', 'due'],
-                         CASE WHEN dead_since IS NOT NULL THEN 'dead'
-                              WHEN lease_expires_at > now() THEN 'leased'
-                              WHEN last_error IS NOT NULL THEN 'failing'
-                              ELSE 'due' END),
+SELECT * FROM (
+    SELECT conversation_id, tenant_id, due_reason AS reason, compaction_attempts AS attempts,
+           last_error, next_attempt_at, lease_owner, lease_expires_at,
+           CASE WHEN dead_since IS NOT NULL THEN 'dead'
+                WHEN lease_expires_at > now() THEN 'leased'
+                WHEN last_error IS NOT NULL THEN 'failing'
+                ELSE 'due' END AS state
+      FROM episodic_conversations
+     WHERE (due_since IS NOT NULL OR dead_since IS NOT NULL OR lease_expires_at > now())
+       AND ($2::text IS NULL OR tenant_id = $2)
+) AS queue
+ ORDER BY array_position(ARRAY['dead', 'leased', 'failing', 'due'], state),
           next_attempt_at NULLS LAST, conversation_id
  LIMIT $1
 """
@@ -328,7 +332,7 @@ __all__ = [
     "ERASE_TENANT",
     "EVENT",
     "EVENT_ROWS",
-    "GET_CONVERSATION",
+    "HEAD",
     "IMPORT_ATTEMPTS",
     "IMPORT_EVENTS",
     "IMPORT_HEAD",
@@ -338,6 +342,7 @@ __all__ = [
     "MARK_RUN_COMPLETED",
     "OUTCOME",
     "QUEUE",
+    "QUEUE_COUNTS",
     "READ_EVENTS",
     "READ_HEAD",
     "READ_REVISION",
@@ -347,7 +352,6 @@ __all__ = [
     "SCHEMA_FILE",
     "SET_TENANT",
     "SHARED_STATES",
-    "STATUS",
     "SWEEP_DUE",
     "TAIL",
     "TAIL_RANGE",

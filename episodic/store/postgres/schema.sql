@@ -13,8 +13,10 @@
 -- caller's own statement, so scoping never adds a round trip.
 --
 -- SQLite has the same tables (episodic/store/schema.py) and no functions: its backend runs
--- the Python twins of these rules (episodic/store/rules.py, due.py, projection.py), and
--- tests/contract/test_twins.py drives both with the same generated appends.
+-- the Python twins of these rules (episodic/store/rules.py, due.py, attempts.py,
+-- projection.py), each naming in its docstring the function it mirrors (so a grep for the
+-- function's name finds both sides), and tests/contract/test_twins.py drives both with the
+-- same generated appends and heads.
 
 
 -- ==== Roles =================================================================================
@@ -595,7 +597,8 @@ $fn$;
 
 -- The periodic sweep: the same trigger, evaluated now, over conversations with something to
 -- compact that nobody writes to (the age rule fires with time alone). Returns the
--- conversations it marked due.
+-- conversations it marked due. Twins: episodic.store.due.sweep_due_candidate (the scan's
+-- WHERE, less the trigger) and due_marking; Backend.sweep_due.
 CREATE FUNCTION episodic_sweep_due(p_trigger jsonb) RETURNS SETOF uuid
     LANGUAGE plpgsql
     AS $fn$
@@ -642,6 +645,9 @@ BEGIN
 END
 $fn$;
 
+-- A new conversation's head (and, with p_state, its first event): 'created', or 'taken' when
+-- the id is held, or EP410 when the tenant erased it and p_reuse_erased is false. Twin of the
+-- outcome: episodic.store.rules.create_conversation_outcome.
 CREATE FUNCTION episodic_create_conversation(
     p_conversation_id uuid,
     p_tenant_id text,
@@ -1048,12 +1054,13 @@ BEGIN
 END
 $fn$;
 
--- A retraction, a clear, a usage report or a deletion (episodic/store/view_changes.py), planned
--- in Python from the head and the events after its cut, written only if the head is still at
--- p_planned_last_seq (and not deleted): the event and the head's counters as planned, then the trigger asked on
--- the new head, as after an append. Returns the number of events written, 0 or 1; on 0 the
--- client plans again. (p_context_since: when the current context began, for a clear; NULL
--- leaves it.)
+-- A retraction, a clear, a usage report or a deletion (episodic/store/planned_events.py),
+-- planned in Python from the head and the events after its cut, written only if the head is
+-- still at p_planned_last_seq (and not deleted): the event and the head's counters as planned,
+-- then the trigger asked on the new head, as after an append. Returns the number of events
+-- written, 0 or 1; on 0 the client plans again. (p_context_since: when the current context
+-- began, for a clear; NULL leaves it.) Twin of what it sets besides the counters:
+-- episodic.store.planned_events.write_event_columns.
 CREATE FUNCTION episodic_write_event(
     p_conversation_id uuid,
     p_planned_last_seq bigint,
@@ -1168,7 +1175,8 @@ BEGIN
 END
 $fn$;
 
--- A conversation's head: the store's get_conversation, and what the boundary writer plans on.
+-- A conversation's head: the store's get_conversation (Backend.head), and what the boundary
+-- writer plans on.
 CREATE FUNCTION episodic_head(
     p_conversation_id uuid,
     p_scope text DEFAULT NULL::text
@@ -1257,6 +1265,9 @@ $fn$;
 -- on its own row, skipped if another worker holds that row, re-checked once locked. The
 -- token is drawn into a variable and the lease's time is the function's, never a volatile
 -- call or a now() in an UPDATE's RETURNING. One call from the client either way.
+-- Twins: episodic.store.attempts.claimable (the predicate, written twice below, in the pick
+-- and in the re-check; tests/contract/test_twins.py holds the two copies to the same text)
+-- and claim_columns (the SET).
 CREATE FUNCTION episodic_claim(
     p_owner text,
     p_limit integer,
@@ -1321,7 +1332,8 @@ BEGIN
 END
 $fn$;
 
--- One conversation, due or not, claimed by hand (`episodic compact ID`).
+-- One conversation, due or not, claimed by hand (`episodic compact ID`). Twins:
+-- episodic.store.attempts.claimable_by_hand (the WHERE) and claim_conversation_columns.
 CREATE FUNCTION episodic_claim_conversation(
     p_conversation_id uuid,
     p_owner text,
@@ -1425,7 +1437,8 @@ $fn$;
 -- the episodic_compaction_attempts row as JSON, less its finish). A worker whose lease was
 -- taken over changes nothing but the ledger: the attempt is recorded as 'lease_lost'. A
 -- conversation erased meanwhile gets no attempt row ('gone'): the key-share lock waits for an
--- erasure in flight, so no row is ever left behind one.
+-- erasure in flight, so no row is ever left behind one. Twins:
+-- episodic.store.attempts.end_attempt_columns (the SET) and end_attempt_outcome.
 CREATE FUNCTION episodic_end_attempt(
     p_conversation_id uuid,
     p_lease_token uuid,

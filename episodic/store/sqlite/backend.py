@@ -11,8 +11,8 @@ import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from dataclasses import fields, replace
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -39,21 +39,30 @@ from episodic.errors import ConflictError, DatabaseUnavailableError, ErasedConve
 from episodic.models import Conversation, StoredEvent
 from episodic.policy import EpisodicCompactionConfig
 from episodic.store.attempts import (
-    QUEUE_STATES,
     AttemptEnd,
     AttemptOutcome,
     AttemptRecord,
     Claim,
     CompactionQueueEntry,
     CompactionStatus,
+    QueueHead,
     QueueState,
+    claim_columns,
+    claim_conversation_columns,
+    claimable,
+    claimable_by_hand,
+    end_attempt_columns,
+    end_attempt_outcome,
+    in_queue,
+    queue_counts,
+    queue_order,
+    queue_state,
 )
 from episodic.store.backend import (
     BoundaryPlanner,
     Closer,
     CreateOutcome,
     PlanEvent,
-    PlannedEvent,
     WriteOutcome,
 )
 from episodic.store.batch import PreparedBatch
@@ -73,13 +82,20 @@ from episodic.store.codec import (
     utc,
 )
 from episodic.store.db_errors import translated_errors
-from episodic.store.due import CLEARED_COMPACTION_STATE, due_marking, swept
+from episodic.store.due import CLEARED_COMPACTION_STATE, due_marking, sweep_due_candidate
 from episodic.store.engine import DatabaseUrl
 from episodic.store.erasure import Erasure, erasure_from_row
 from episodic.store.export_format import ConversationHeader, EventRow, HeadImage, SharedStateRow
 from episodic.store.migrate import SchemaMigration, upgrade_to_head
+from episodic.store.planned_events import PlannedEvent, write_event_columns
 from episodic.store.projection import HeadCounters
-from episodic.store.rules import PriorBatch, abandoned_in, append_refusal, needs_abandoned_calls
+from episodic.store.rules import (
+    PriorBatch,
+    abandoned_in,
+    append_refusal,
+    create_conversation_outcome,
+    needs_abandoned_calls,
+)
 from episodic.store.schema import (
     compaction_attempts,
     conversations,
@@ -228,32 +244,27 @@ class SqliteBackend:
         state_json: str | None = None,
         reuse_erased: bool = False,
     ) -> CreateOutcome:
-        # The twin of episodic_create_conversation. Only a taken or erased id is "not
-        # created"; any other refusal is translated as one.
+        # episodic_create_conversation's twin: the outcome is rules.create_conversation_outcome's.
         app_name, user_id = listed if listed is not None else (None, None)
         change = orjson.loads(state_json) if state_json is not None else {}
-        statement = (
-            sqlite_insert(conversations)
-            .values(
-                conversation_id=conversation_id,
-                tenant_id=tenant_id,
-                created_at=created_at,
-                metadata=metadata,
-                open_tool_calls={},
-                app_name=app_name,
-                user_id=user_id,
-                touched_at=touched_at,
-                last_seq=0 if state_json is None else 1,
-                state=change.get("conversation"),
-            )
-            .on_conflict_do_nothing(index_elements=["conversation_id"])
-        )
         async with self._write() as conn:
-            if not reuse_erased and await _erased(conn, conversation_id, tenant_id):
-                return "erased"
-            result = await conn.execute(statement)
-            if result.rowcount != 1:
-                return "taken"
+            outcome = await _create_outcome(conn, conversation_id, tenant_id, reuse_erased)
+            if outcome != "created":
+                return outcome
+            await conn.execute(
+                insert(conversations).values(
+                    conversation_id=conversation_id,
+                    tenant_id=tenant_id,
+                    created_at=created_at,
+                    metadata=metadata,
+                    open_tool_calls={},
+                    app_name=app_name,
+                    user_id=user_id,
+                    touched_at=touched_at,
+                    last_seq=0 if state_json is None else 1,
+                    state=change.get("conversation"),
+                )
+            )
             if state_json is not None:
                 # stamped inside the write, as every write to the scopes (one at a time here)
                 now = datetime.now(UTC)
@@ -442,11 +453,13 @@ class SqliteBackend:
     ) -> AsyncIterator[_SqliteImport]:
         cid = header.conversation_id
         async with self._write() as conn:
-            if not reuse_erased and await _erased(conn, cid, tenant_id):
+            outcome = await _create_outcome(conn, cid, tenant_id, reuse_erased)
+            if outcome == "erased":
                 raise ErasedConversationError(cid)
-            result = await conn.execute(
-                sqlite_insert(conversations)
-                .values(
+            if outcome == "taken":
+                raise ConflictError(f"conversation {cid} already exists", conversation_id=cid)
+            await conn.execute(
+                insert(conversations).values(
                     conversation_id=cid,
                     tenant_id=tenant_id,
                     created_at=header.created_at,
@@ -455,10 +468,7 @@ class SqliteBackend:
                     app_name=header.app_name,
                     user_id=header.user_id,
                 )
-                .on_conflict_do_nothing(index_elements=["conversation_id"])
             )
-            if result.rowcount != 1:
-                raise ConflictError(f"conversation {cid} already exists", conversation_id=cid)
             yield _SqliteImport(conn, cid, tenant_id)
 
     async def read_state(
@@ -703,57 +713,63 @@ class SqliteBackend:
                     payload=planned.payload,
                 )
             )
-            extra = _due_marking(head, planned.counters, trigger, now)
-            if planned.context_since is not None:
-                extra["boundary_at"] = planned.context_since
-            if event.kind == "deletion":
-                # hidden, and off the worker's queue
-                extra.update(deleted_at=event.created_at, due_since=None, due_reason=None)
+            # episodic_write_event's twin: what else it sets is write_event_columns's.
+            extra = write_event_columns(
+                planned,
+                due_since=head["due_since"],
+                dead_since=head["dead_since"],
+                created_at=state.created_at,
+                boundary_at=state.boundary_at,
+                metadata=json_value(head["metadata"]),
+                trigger=trigger,
+                now=now,
+            )
             await _save_counters(conn, conversation_id, planned.counters, **extra)
         return True, planned
 
     async def claim(self, owner: str, limit: int, lease_seconds: float) -> list[Claim]:
+        # episodic_claim's twin. Read: the rows of the due index (a superset of the
+        # claimable), in the claim's order; attempts.claimable decides which are taken.
         now = datetime.now(UTC)
         head = conversations.c
         async with self._write() as conn:
-            rows = (
-                await conn.execute(
-                    select(head.conversation_id)
-                    .where(
-                        head.due_since.is_not(None),
-                        head.dead_since.is_(None),
-                        head.deleted_at.is_(None),
-                        head.next_attempt_at <= now,
-                        or_(head.lease_expires_at.is_(None), head.lease_expires_at <= now),
-                        *_of_tenant(self.tenant),
-                    )
-                    .order_by(head.next_attempt_at)
-                    .limit(limit)
+            due = await conn.execute(
+                select(*_QUEUE_HEAD)
+                .where(
+                    head.due_since.is_not(None), head.dead_since.is_(None), *_of_tenant(self.tenant)
                 )
-            ).all()
-            return [await _take_lease(conn, cid, owner, lease_seconds, now) for (cid,) in rows]
+                .order_by(head.next_attempt_at)
+            )
+            heads = [QueueHead.of(dict(row)) for row in due.mappings()]
+            taken = [h for h in heads if claimable(h, now)][:limit]
+            claims = []
+            for one in taken:
+                lease = claim_columns(
+                    one, owner=owner, token=uuid4(), lease_seconds=lease_seconds, now=now
+                )
+                claims.append(await _take_lease(conn, one.conversation_id, lease, now))
+            return claims
 
     async def claim_conversation(
         self, conversation_id: UUID, owner: str, lease_seconds: float, reason: str
     ) -> Claim | None:
+        # episodic_claim_conversation's twin.
         now = datetime.now(UTC)
         async with self._write_to(conversation_id) as (conn, row):
             if row is None:
                 return None
-            lease_end = row["lease_expires_at"]
-            if lease_end is not None and utc(lease_end) > now:
+            one = QueueHead.of(row)
+            if not claimable_by_hand(one, now):
                 return None
-            return await _take_lease(
-                conn,
-                conversation_id,
-                owner,
-                lease_seconds,
-                now,
-                due_since=row["due_since"] or now,
-                due_reason=reason,
-                next_attempt_at=now,
-                dead_since=None,
+            columns = claim_conversation_columns(
+                one,
+                owner=owner,
+                token=uuid4(),
+                lease_seconds=lease_seconds,
+                reason=reason,
+                now=now,
             )
+            return await _take_lease(conn, conversation_id, columns, now)
 
     async def listen_for_due(self, wake: Callable[[], None]) -> Closer | None:
         return None  # SQLite cannot notify; the worker polls
@@ -761,51 +777,48 @@ class SqliteBackend:
     async def end_attempt(
         self, claim: Claim, end: AttemptEnd, attempt: AttemptRecord
     ) -> AttemptOutcome:
+        # episodic_end_attempt's twin: attempts.end_attempt_columns and end_attempt_outcome.
         now = datetime.now(UTC)
         head = conversations.c
-        changes: dict[str, Any] = {
-            "lease_owner": None,
-            "lease_token": None,
-            "lease_expires_at": None,
-            "last_error": attempt.error,
-        }
-        if end.clear_due:
-            changes.update(
-                due_since=None, due_reason=None, compaction_attempts=0, next_attempt_at=None
-            )
-        else:
-            changes["next_attempt_at"] = now + timedelta(seconds=end.retry_in)
-        if end.dead:
-            changes["dead_since"] = now
         async with self._write() as conn:
-            if await _head(conn, claim.conversation_id, claim.tenant_id) is None:
-                return "gone"  # erased meanwhile: no attempt row outlives it
-            result = await conn.execute(
-                update(conversations)
-                .where(
-                    head.conversation_id == claim.conversation_id,
-                    head.lease_token == claim.lease_token,
-                    head.tenant_id == claim.tenant_id,
+            found = await _head(conn, claim.conversation_id, claim.tenant_id) is not None
+            held = False
+            if found:
+                result = await conn.execute(
+                    update(conversations)
+                    .where(
+                        head.conversation_id == claim.conversation_id,
+                        head.lease_token == claim.lease_token,
+                        head.tenant_id == claim.tenant_id,
+                    )
+                    .values(**end_attempt_columns(end, error=attempt.error, now=now))
                 )
-                .values(**changes)
-            )
-            outcome: AttemptOutcome = attempt.outcome if result.rowcount else "lease_lost"
+                held = result.rowcount == 1
+            outcome = end_attempt_outcome(attempt.outcome, found=found, held=held)
+            if outcome == "gone":
+                return outcome  # erased meanwhile: no attempt row outlives it
             row = replace(attempt, outcome=outcome, finished_at=now).row()
             await conn.execute(insert(compaction_attempts).values(**row))
         return outcome
 
-    async def mark_due_by_age(self, trigger: EpisodicCompactionConfig) -> int:
+    async def sweep_due(self, trigger: EpisodicCompactionConfig) -> int:
+        # episodic_sweep_due's twin.
         now = datetime.now(UTC)
         head = conversations.c
         marked = 0
         async with self._write() as conn:
             # SQLite holds one process's conversations: reading every head is cheap, and
-            # leaves which ones the sweep looks at to its rule (due.swept).
-            rows = await conn.execute(select(conversations).where(head.deleted_at.is_(None)))
+            # leaves which ones the sweep looks at to its rule (due.sweep_due_candidate).
+            rows = await conn.execute(select(conversations))
             for mapping in rows.mappings().all():
                 row = dict(mapping)
                 counters = decode_counters(row)
-                if not swept(counters, due_since=row["due_since"], dead_since=row["dead_since"]):
+                if not sweep_due_candidate(
+                    counters,
+                    due_since=row["due_since"],
+                    dead_since=row["dead_since"],
+                    deleted_at=row["deleted_at"],
+                ):
                     continue
                 state = _due_marking(row, counters, trigger, now)
                 if not state:
@@ -818,21 +831,17 @@ class SqliteBackend:
                 marked += 1
         return marked
 
-    async def status(self, recent: int, limit: int) -> CompactionStatus:
+    async def queue_status(self, recent: int, limit: int) -> CompactionStatus:
+        # The twin of queries.QUEUE_COUNTS and QUEUE: attempts.queue_counts, in_queue,
+        # queue_state and queue_order decide on the heads the queue could hold (due, dead,
+        # or with a lease, expired or not), which are all that any count counts.
         now = datetime.now(UTC)
         head = conversations.c
-        due = and_(head.due_since.is_not(None), head.dead_since.is_(None))
-        query = select(
-            func.count().filter(due),
-            func.count().filter(head.lease_expires_at > now),
-            func.count().filter(and_(due, head.last_error.is_not(None))),
-            func.count().filter(head.dead_since.is_not(None)),
-        ).where(*_of_tenant(self.tenant))
         queue_query = select(conversations).where(
             or_(
                 head.due_since.is_not(None),
                 head.dead_since.is_not(None),
-                head.lease_expires_at > now,
+                head.lease_expires_at.is_not(None),
             ),
             *_of_tenant(self.tenant),
         )
@@ -856,17 +865,21 @@ class SqliteBackend:
             .limit(recent)
         )
         async with self._read() as conn:
-            counts = (await conn.execute(query)).one()
-            heads = (await conn.execute(queue_query)).mappings().all()
-            rows = (await conn.execute(recent_query)).mappings().all()
-        queue = sorted((_queue_entry(dict(row), now) for row in heads), key=_queue_order)
+            queued = [dict(row) for row in (await conn.execute(queue_query)).mappings()]
+            recents = (await conn.execute(recent_query)).mappings().all()
+        rows = [(row, QueueHead.of(row)) for row in queued]
+        counts = queue_counts((one for _, one in rows), now)
+        queue = sorted(
+            ((row, one) for row, one in rows if in_queue(one, now)),
+            key=lambda entry: queue_order(entry[1], now),
+        )
         return CompactionStatus(
-            due=counts[0],
-            leased=counts[1],
-            failing=counts[2],
-            dead=counts[3],
-            conversations=queue[:limit],
-            recent_attempts=[dict(row) for row in rows],
+            due=counts["due"],
+            leased=counts["leased"],
+            failing=counts["failing"],
+            dead=counts["dead"],
+            conversations=[_queue_entry(row, queue_state(one, now)) for row, one in queue[:limit]],
+            recent_attempts=[dict(row) for row in recents],
         )
 
     async def load_tail(self, conversation_id: UUID, *, with_events: bool) -> Tail | None:
@@ -894,7 +907,8 @@ class SqliteBackend:
                 return []
             return await _events_after(conn, conversation_id, after_seq, limit)
 
-    async def get_conversation(self, conversation_id: UUID) -> Conversation | None:
+    async def head(self, conversation_id: UUID) -> Conversation | None:
+        # episodic_head's twin.
         async with self._read() as conn:
             head = await _head(conn, conversation_id, self.tenant)
         return decode_conversation(head) if head is not None else None
@@ -934,16 +948,13 @@ class SqliteBackend:
         await self._engine.dispose()
 
 
-def _queue_entry(row: dict[str, Any], now: datetime) -> CompactionQueueEntry:
-    """A head in the compaction queue, in the state PostgreSQL's status query gives it."""
-    lease_end = utc(row["lease_expires_at"]) if row["lease_expires_at"] is not None else None
-    state: QueueState = "due"
-    if row["dead_since"] is not None:
-        state = "dead"
-    elif lease_end is not None and lease_end > now:
-        state = "leased"
-    elif row["last_error"] is not None:
-        state = "failing"
+#: The columns of a head that attempts.QueueHead holds.
+_QUEUE_HEAD = [conversations.c[field.name] for field in fields(QueueHead)]
+
+
+def _queue_entry(row: Mapping[str, Any], state: QueueState) -> CompactionQueueEntry:
+    """A head in the compaction queue, in ``state`` (attempts.queue_state's)."""
+    lease_end = row["lease_expires_at"]
     return CompactionQueueEntry(
         conversation_id=row["conversation_id"],
         tenant_id=row["tenant_id"],
@@ -953,17 +964,7 @@ def _queue_entry(row: dict[str, Any], now: datetime) -> CompactionQueueEntry:
         last_error=row["last_error"],
         next_attempt_at=utc(row["next_attempt_at"]) if row["next_attempt_at"] else None,
         lease_owner=row["lease_owner"],
-        lease_expires_at=lease_end,
-    )
-
-
-def _queue_order(entry: CompactionQueueEntry) -> tuple[int, bool, datetime, str]:
-    when = entry.next_attempt_at or datetime.max.replace(tzinfo=UTC)
-    return (
-        QUEUE_STATES.index(entry.state),
-        entry.next_attempt_at is None,
-        when,
-        str(entry.conversation_id),
+        lease_expires_at=utc(lease_end) if lease_end is not None else None,
     )
 
 
@@ -1031,12 +1032,25 @@ class _SqliteImport:
         )
 
 
-async def _erased(conn: AsyncConnection, conversation_id: UUID, tenant: str) -> bool:
-    """Whether the id has a tombstone in ``tenant`` (tombstones are the tenant's)."""
-    query = select(erasures.c.erasure_id).where(
-        erasures.c.conversation_id == conversation_id, erasures.c.tenant_id == tenant
+async def _create_outcome(
+    conn: AsyncConnection, conversation_id: UUID, tenant: str, reuse_erased: bool
+) -> CreateOutcome:
+    """Whether a conversation may be created under the id in ``tenant`` (inside the caller's
+    write transaction): the facts looked up, rules.create_conversation_outcome decides."""
+    taken = await conn.scalar(
+        select(conversations.c.conversation_id)
+        .where(conversations.c.conversation_id == conversation_id)
+        .limit(1)
     )
-    return await conn.scalar(query.limit(1)) is not None
+    # (tombstones are the tenant's)
+    erased = await conn.scalar(
+        select(erasures.c.erasure_id)
+        .where(erasures.c.conversation_id == conversation_id, erasures.c.tenant_id == tenant)
+        .limit(1)
+    )
+    return create_conversation_outcome(
+        taken=taken is not None, erased=erased is not None, reuse_erased=reuse_erased
+    )
 
 
 async def _latest_tombstone(
@@ -1124,35 +1138,22 @@ async def _save_counters(
 
 
 async def _take_lease(
-    conn: AsyncConnection,
-    conversation_id: UUID,
-    owner: str,
-    lease_seconds: float,
-    now: datetime,
-    **extra: Any,
+    conn: AsyncConnection, conversation_id: UUID, columns: Mapping[str, Any], now: datetime
 ) -> Claim:
-    """Lease the conversation (inside the caller's write transaction) and count the attempt."""
-    head = conversations.c
-    token = uuid4()
-    expires = now + timedelta(seconds=lease_seconds)
+    """Write a claim's ``columns`` (attempts.claim_columns or claim_conversation_columns),
+    inside the caller's write transaction, and say what was claimed."""
     await conn.execute(
         update(conversations)
-        .where(head.conversation_id == conversation_id)
-        .values(
-            lease_owner=owner,
-            lease_token=token,
-            lease_expires_at=expires,
-            compaction_attempts=head.compaction_attempts + 1,
-            **extra,
-        )
+        .where(conversations.c.conversation_id == conversation_id)
+        .values(**columns)
     )
     row = await _head(conn, conversation_id, None)
     assert row is not None
     return Claim(
         conversation_id=conversation_id,
         tenant_id=row["tenant_id"],
-        lease_token=token,
-        lease_expires_at=expires,
+        lease_token=columns["lease_token"],
+        lease_expires_at=columns["lease_expires_at"],
         attempt=row["compaction_attempts"],
         reason=row["due_reason"] or "manual_recovery",
         boundary_seq=row["boundary_seq"],
