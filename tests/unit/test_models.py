@@ -14,6 +14,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from episodic import messages_from_openai
 from episodic.compaction import CompactionConfig
 from episodic.context import Context
 from episodic.errors import ValidationError
@@ -31,7 +32,6 @@ from episodic.models import (
     TextBlock,
     ToolCall,
     Usage,
-    messages_from_openai,
 )
 from episodic.policy import EpisodicCompactionConfig
 
