@@ -259,16 +259,21 @@ class NewUsage(RequestModel):
     reasoning_tokens: TokenCount = 0
 
 
-class AppendBatch(RequestModel):
+class WithUsage(RequestModel):
+    """What every format's batch of messages may carry besides its messages."""
+
+    usage: NewUsage | None = Field(
+        default=None, description="the provider-reported usage of the call that made them"
+    )
+
+
+class AppendBatch(WithUsage):
     """Messages to append atomically, in order, in episodic's own format (``format`` may be
     left out). Send ``Idempotency-Key`` to make a retry harmless and ``If-Match`` (the
     head's ETag) to refuse a write behind another."""
 
     format: Literal["episodic"] = "episodic"
     messages: list[NewMessage] = Field(min_length=1)
-    usage: NewUsage | None = Field(
-        default=None, description="the provider-reported usage of the call that made them"
-    )
 
 
 class Appended(BaseModel):

@@ -15,11 +15,9 @@ from episodic.formats.anthropic import (
     ASSISTANT_ONLY_BLOCKS,
     MAX_TOOL_ID_LENGTH,
     USER_ONLY_BLOCKS,
-    messages_from_anthropic,
 )
-from episodic.models import Message
-from episodic.server.fields import OpenModel, RequestModel, ToolName, other_type, type_tag
-from episodic.server.schemas import NewUsage
+from episodic.server.fields import OpenModel, ToolName, other_type, type_tag
+from episodic.server.schemas import WithUsage
 
 #: a ``tool_use`` id as the API takes it
 ToolUseId: TypeAlias = Annotated[
@@ -115,20 +113,12 @@ AnthropicTurn = TypeAliasType(
 )
 
 
-class AnthropicAppendBatch(RequestModel):
+class AnthropicAppendBatch(WithUsage):
     """Turns to append, in the Anthropic Messages API's format (what ``GET .../context?
     format=anthropic`` gives). A turn's keys other than role and content are not kept."""
 
     format: Literal["anthropic"]
     messages: list[AnthropicTurn] = Field(min_length=1)
-    usage: NewUsage | None = Field(
-        default=None, description="the provider-reported usage of the call that made them"
-    )
-
-
-def anthropic_messages(sent: Sequence[Any]) -> list[Message]:
-    """The messages of an ``AnthropicAppendBatch``'s turns as sent (already valid)."""
-    return messages_from_anthropic(sent)
 
 
 def anthropic_call_ids(sent: Sequence[Any]) -> Iterator[list[str]]:
@@ -142,5 +132,4 @@ __all__ = [
     "AnthropicAppendBatch",
     "AnthropicTurn",
     "anthropic_call_ids",
-    "anthropic_messages",
 ]

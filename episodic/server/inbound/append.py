@@ -23,22 +23,22 @@ from pydantic import ValidationError as PydanticValidationError
 from typing_extensions import TypeAliasType
 
 from episodic import errors
+from episodic.formats.anthropic import messages_from_anthropic
+from episodic.formats.openai_chat import messages_from_openai
+from episodic.formats.responses import messages_from_responses_items
 from episodic.models import Message, Usage
 from episodic.server.fields import storable_number
 from episodic.server.inbound.anthropic import (
     AnthropicAppendBatch,
     anthropic_call_ids,
-    anthropic_messages,
 )
 from episodic.server.inbound.openai_chat import (
     OpenAIAppendBatch,
     openai_call_ids,
-    openai_messages,
 )
 from episodic.server.inbound.responses import (
     ResponsesAppendBatch,
     responses_call_ids,
-    responses_messages,
 )
 from episodic.server.schemas import AppendBatch, ContextFormat, message_from_episodic
 
@@ -85,9 +85,9 @@ def _episodic_call_ids(sent: Sequence[Any]) -> Iterable[list[str]]:
 
 CONVERSIONS: dict[str, Conversion] = {
     "episodic": Conversion(_episodic_messages, _episodic_call_ids),
-    "openai": Conversion(openai_messages, openai_call_ids),
-    "responses": Conversion(responses_messages, responses_call_ids),
-    "anthropic": Conversion(anthropic_messages, anthropic_call_ids),
+    "openai": Conversion(messages_from_openai, openai_call_ids),
+    "responses": Conversion(messages_from_responses_items, responses_call_ids),
+    "anthropic": Conversion(messages_from_anthropic, anthropic_call_ids),
 }
 
 

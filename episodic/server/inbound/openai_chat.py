@@ -11,18 +11,15 @@ from typing import Annotated, Any, Literal, TypeAlias
 from pydantic import Discriminator, Field, JsonValue, Tag
 from typing_extensions import TypeAliasType
 
-from episodic.formats.openai_chat import messages_from_openai
-from episodic.models import Message
 from episodic.server.fields import (
     Identifier,
     Name,
     OpenModel,
-    RequestModel,
     ToolName,
     other_type,
     type_tag,
 )
-from episodic.server.schemas import NewUsage
+from episodic.server.schemas import WithUsage
 
 #: content part types with a schema of their own
 PART_TYPES = frozenset({"text", "image_url"})
@@ -133,20 +130,12 @@ ChatMessage = TypeAliasType(
 )
 
 
-class OpenAIAppendBatch(RequestModel):
+class OpenAIAppendBatch(WithUsage):
     """Messages to append, in OpenAI's chat-completions format (what ``GET .../context?
     format=openai`` gives); each tool message takes its tool's name from its call."""
 
     format: Literal["openai"]
     messages: list[ChatMessage] = Field(min_length=1)
-    usage: NewUsage | None = Field(
-        default=None, description="the provider-reported usage of the call that made them"
-    )
-
-
-def openai_messages(sent: Sequence[Any]) -> list[Message]:
-    """The messages of an ``OpenAIAppendBatch``'s ``messages`` as sent (already valid)."""
-    return messages_from_openai(sent)
 
 
 def openai_call_ids(sent: Sequence[Any]) -> Iterator[list[str]]:
@@ -155,4 +144,4 @@ def openai_call_ids(sent: Sequence[Any]) -> Iterator[list[str]]:
         yield [call["id"] for call in message.get("tool_calls") or ()]
 
 
-__all__ = ["ChatMessage", "OpenAIAppendBatch", "openai_call_ids", "openai_messages"]
+__all__ = ["ChatMessage", "OpenAIAppendBatch", "openai_call_ids"]

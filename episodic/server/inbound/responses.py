@@ -12,17 +12,14 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, JsonValue, Tag
 from typing_extensions import TypeAliasType
 
-from episodic.formats.responses import messages_from_responses_items
-from episodic.models import Message
 from episodic.server.fields import (
     Identifier,
     Name,
     OpenModel,
-    RequestModel,
     ToolName,
     other_type,
 )
-from episodic.server.schemas import NewUsage
+from episodic.server.schemas import WithUsage
 
 #: item types with a schema of their own
 ITEM_TYPES = frozenset({"message", "function_call", "function_call_output", "reasoning"})
@@ -95,21 +92,13 @@ ResponsesItem = TypeAliasType(
 )
 
 
-class ResponsesAppendBatch(RequestModel):
+class ResponsesAppendBatch(WithUsage):
     """Items to append, in OpenAI's Responses format (what ``GET .../context?
     format=responses`` gives), under ``messages``. Consecutive function calls (parallel
     calls) are one assistant message, so a context gives them back as they came."""
 
     format: Literal["responses"]
     messages: list[ResponsesItem] = Field(min_length=1)
-    usage: NewUsage | None = Field(
-        default=None, description="the provider-reported usage of the call that made them"
-    )
-
-
-def responses_messages(sent: Sequence[Any]) -> list[Message]:
-    """The messages of a ``ResponsesAppendBatch``'s items as sent (already valid)."""
-    return messages_from_responses_items(sent)
 
 
 def responses_call_ids(sent: Sequence[Any]) -> Iterator[list[str]]:
@@ -124,4 +113,4 @@ def responses_call_ids(sent: Sequence[Any]) -> Iterator[list[str]]:
     yield run
 
 
-__all__ = ["ResponsesAppendBatch", "ResponsesItem", "responses_call_ids", "responses_messages"]
+__all__ = ["ResponsesAppendBatch", "ResponsesItem", "responses_call_ids"]
