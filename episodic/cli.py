@@ -106,6 +106,16 @@ ConversationIdArgument = Annotated[
     ),
 ]
 
+#: erase and export take one conversation, or with --tenant a whole tenant
+ConversationOrTenantArgument = Annotated[
+    str | None,
+    typer.Argument(
+        metavar="CONVERSATION_ID",
+        help="The conversation's id, as episodic list prints it (or --tenant).",
+        show_default=False,
+    ),
+]
+
 WideOption = Annotated[
     bool,
     typer.Option(
@@ -472,14 +482,7 @@ def erase(
             "1 to 2,000 characters.",
         ),
     ],
-    conversation_id: Annotated[
-        str | None,
-        typer.Argument(
-            metavar="CONVERSATION_ID",
-            help="The conversation's id, as episodic list prints it (or --tenant).",
-            show_default=False,
-        ),
-    ] = None,
+    conversation_id: ConversationOrTenantArgument = None,
     tenant: Annotated[
         str | None,
         typer.Option(
@@ -521,14 +524,7 @@ def erase(
 @app.command()
 def export(
     ctx: typer.Context,
-    conversation_id: Annotated[
-        str | None,
-        typer.Argument(
-            metavar="CONVERSATION_ID",
-            help="The conversation's id, as episodic list prints it (or --tenant).",
-            show_default=False,
-        ),
-    ] = None,
+    conversation_id: ConversationOrTenantArgument = None,
     tenant: Annotated[
         str | None,
         typer.Option(

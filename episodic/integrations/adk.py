@@ -40,7 +40,7 @@ import math
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -226,16 +226,7 @@ class EpisodicSessionService(BaseSessionService):
         found = await self.store.read_state(
             cid, shared=[app_scope(app_name), user_scope(app_name, user_id)]
         )
-        return _revision(
-            sid,
-            app_name,
-            user_id,
-            generation,
-            found.conversation,
-            found.shared,
-            found.last_seq,
-            now,
-        )
+        return _revision(sid, app_name, user_id, generation, replace(found, touched_at=now))
 
     @override
     async def get_session(
@@ -265,17 +256,7 @@ class EpisodicSessionService(BaseSessionService):
             events = [e for e in events if e.timestamp >= config.after_timestamp]
         if config is not None and config.num_recent_events:
             events = events[-config.num_recent_events :]
-        return _revision(
-            sid,
-            app_name,
-            user_id,
-            generation,
-            found.conversation,
-            found.shared,
-            found.last_seq,
-            found.touched_at,
-            events,
-        )
+        return _revision(sid, app_name, user_id, generation, found, events)
 
     async def _read_generation(
         self,
@@ -348,15 +329,15 @@ class EpisodicSessionService(BaseSessionService):
         for conversation in listed:
             assert conversation.user_id is not None
             generation = conversation.metadata.get("adk_generation")
+            own = StateSnapshot(
+                conversation.state, shared, conversation.last_seq, conversation.touched_at
+            )
             session = _revision(
                 str(conversation.metadata.get("adk_session_id")),
                 app_name,
                 conversation.user_id,
                 generation if isinstance(generation, int) else 0,
-                conversation.state,
-                shared,
-                conversation.last_seq,
-                conversation.touched_at,
+                own,
             )
             sessions.append(session)
         # ADK's order: oldest update first (then by user and id, as its database service).
@@ -682,23 +663,20 @@ def _revision(
     app_name: str,
     user_id: str,
     generation: int,
-    own: dict[str, Any],
-    shared: dict[str, dict[str, Any]],
-    last_seq: int | None,
-    updated: float | None,
+    found: StateSnapshot,
     events: Sequence[Event] = (),
 ) -> Session:
-    """The session as read at ``last_seq``: ADK's revision marker is that seq (and the
-    generation, past the first)."""
+    """The session as ``found`` (its state, where its log ended, when it was last written):
+    ADK's revision marker is that last seq (and the generation, past the first)."""
     session = Session(
         id=session_id,
         app_name=app_name,
         user_id=user_id,
-        state=_merged(own, shared, app_name, user_id),
+        state=_merged(found.conversation, found.shared, app_name, user_id),
         events=list(events),
-        last_update_time=updated if updated is not None else 0.0,
+        last_update_time=found.touched_at if found.touched_at is not None else 0.0,
     )
-    session._storage_update_marker = _marker(generation, last_seq or 0)
+    session._storage_update_marker = _marker(generation, found.last_seq or 0)
     return session
 
 

@@ -73,6 +73,24 @@ Closer = Callable[[], Awaitable[None]]
 #: that was erased (refused unless the caller reuses erased ids): what
 #: rules.create_conversation_outcome decides.
 CreateOutcome = Literal["created", "taken", "erased"]
+
+
+@dataclass(frozen=True, slots=True)
+class NewConversation:
+    """A conversation to create, checked and encoded by the store: its head row's values,
+    where it is listed (an app and a user), and its initial state as an append's JSON."""
+
+    conversation_id: UUID
+    tenant_id: str
+    metadata: dict[str, Any]
+    created_at: datetime
+    listed: tuple[str, str] | None = None
+    touched_at: float | None = None
+    state_json: str | None = None
+    #: create it although the tenant erased this id before (else "erased")
+    reuse_erased: bool = False
+
+
 PlanBoundary = Callable[[HeadState, list[StoredEvent], datetime], BoundaryWrite]
 
 
@@ -128,20 +146,9 @@ class Backend(Protocol):
         """The schema's Alembic revision; None when there is no episodic schema."""
         ...
 
-    async def create_conversation(
-        self,
-        conversation_id: UUID,
-        tenant_id: str,
-        metadata: dict[str, Any],
-        created_at: datetime,
-        *,
-        listed: tuple[str, str] | None = None,
-        touched_at: float | None = None,
-        state_json: str | None = None,
-        reuse_erased: bool = False,
-    ) -> CreateOutcome:
-        """Insert the head row (listed under ``listed``, an app and a user), and with
-        ``state_json`` its first event, the initial state, applied as an append's is. An id
+    async def create_conversation(self, new: NewConversation) -> CreateOutcome:
+        """Insert the head row (listed under ``new.listed``, an app and a user), and with
+        ``new.state_json`` its first event, the initial state, applied as an append's is. An id
         with a tombstone is "erased" unless ``reuse_erased`` (``episodic_create_conversation``;
         the outcome is rules.create_conversation_outcome's)."""
         ...

@@ -51,6 +51,7 @@ from episodic.store.backend import (
     Backend,
     BoundaryPlanner,
     Closer,
+    NewConversation,
     PlanEvent,
     WriteOutcome,
 )
@@ -287,7 +288,7 @@ class EpisodicStore:
             else None
         )
         cid = uuid4() if conversation_id is None else parse_conversation_id(conversation_id)
-        created = await self._backend.create_conversation(
+        new = NewConversation(
             cid,
             tenant_id,
             orjson.loads(encoded),
@@ -297,6 +298,7 @@ class EpisodicStore:
             state_json=state_json,
             reuse_erased=reuse_erased_id is True,
         )
+        created = await self._backend.create_conversation(new)
         if created == "erased":
             raise ErasedConversationError(cid)
         if created == "taken":

@@ -87,7 +87,7 @@ from episodic.store.attempts import (
     queue_order,
     queue_state,
 )
-from episodic.store.backend import WriteOutcome
+from episodic.store.backend import NewConversation, WriteOutcome
 from episodic.store.batch import PreparedBatch, prepare_batch
 from episodic.store.codec import decode_conversation
 from episodic.store.due import (
@@ -437,7 +437,8 @@ async def _play(url: str, plan: list[dict[str, Any]], trigger: EpisodicCompactio
         # boundary a new one)
         conv = uuid4()
         born = datetime.now(UTC) - timedelta(days=age)
-        assert await backend.create_conversation(conv, "default", metadata, born) == "created"
+        new = NewConversation(conv, "default", metadata, born)
+        assert await backend.create_conversation(new) == "created"
         created = (await store.get_conversation(conv)).created_at
         twin = Twin(conversation_id=conv, created_at=created, metadata=metadata, trigger=trigger)
         for step in plan:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -41,6 +40,7 @@ from episodic.store.backend import (
     BoundaryPlanner,
     Closer,
     CreateOutcome,
+    NewConversation,
     PlanEvent,
     WriteOutcome,
 )
@@ -282,33 +282,22 @@ class PostgresBackend:
                     expected=None,
                 ) from exc
 
-    async def create_conversation(
-        self,
-        conversation_id: UUID,
-        tenant_id: str,
-        metadata: dict[str, Any],
-        created_at: datetime,
-        *,
-        listed: tuple[str, str] | None = None,
-        touched_at: float | None = None,
-        state_json: str | None = None,
-        reuse_erased: bool = False,
-    ) -> CreateOutcome:
-        app_name, user_id = listed if listed is not None else (None, None)
+    async def create_conversation(self, new: NewConversation) -> CreateOutcome:
+        app_name, user_id = new.listed if new.listed is not None else (None, None)
         with translated_errors():
             try:
                 outcome: CreateOutcome = await self._pool.fetchval(
                     CREATE_CONVERSATION,
-                    conversation_id,
-                    tenant_id,
-                    created_at,
-                    metadata,
+                    new.conversation_id,
+                    new.tenant_id,
+                    new.created_at,
+                    new.metadata,
                     self.tenant,
                     app_name,
                     user_id,
-                    touched_at,
-                    state_json,
-                    reuse_erased,
+                    new.touched_at,
+                    new.state_json,
+                    new.reuse_erased,
                 )
             except asyncpg.PostgresError as exc:
                 if exc.sqlstate != ERASED_SQLSTATE:

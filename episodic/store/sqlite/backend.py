@@ -62,6 +62,7 @@ from episodic.store.backend import (
     BoundaryPlanner,
     Closer,
     CreateOutcome,
+    NewConversation,
     PlanEvent,
     WriteOutcome,
 )
@@ -232,44 +233,44 @@ class SqliteBackend:
             revision: str | None = await conn.scalar(select(alembic_version.c.version_num))
             return revision
 
-    async def create_conversation(
-        self,
-        conversation_id: UUID,
-        tenant_id: str,
-        metadata: dict[str, Any],
-        created_at: datetime,
-        *,
-        listed: tuple[str, str] | None = None,
-        touched_at: float | None = None,
-        state_json: str | None = None,
-        reuse_erased: bool = False,
-    ) -> CreateOutcome:
+    async def create_conversation(self, new: NewConversation) -> CreateOutcome:
         # episodic_create_conversation's twin: the outcome is rules.create_conversation_outcome's.
-        app_name, user_id = listed if listed is not None else (None, None)
-        change = orjson.loads(state_json) if state_json is not None else {}
+        app_name, user_id = new.listed if new.listed is not None else (None, None)
+        change = orjson.loads(new.state_json) if new.state_json is not None else {}
         async with self._write() as conn:
-            outcome = await _create_outcome(conn, conversation_id, tenant_id, reuse_erased)
+            outcome = await _create_outcome(
+                conn, new.conversation_id, new.tenant_id, new.reuse_erased
+            )
             if outcome != "created":
                 return outcome
             await conn.execute(
                 insert(conversations).values(
-                    conversation_id=conversation_id,
-                    tenant_id=tenant_id,
-                    created_at=created_at,
-                    metadata=metadata,
+                    conversation_id=new.conversation_id,
+                    tenant_id=new.tenant_id,
+                    created_at=new.created_at,
+                    metadata=new.metadata,
                     open_tool_calls={},
                     app_name=app_name,
                     user_id=user_id,
-                    touched_at=touched_at,
-                    last_seq=0 if state_json is None else 1,
+                    touched_at=new.touched_at,
+                    last_seq=0 if new.state_json is None else 1,
                     state=change.get("conversation"),
                 )
             )
-            if state_json is not None:
+            if new.state_json is not None:
                 # stamped inside the write, as every write to the scopes (one at a time here)
                 now = datetime.now(UTC)
-                await _apply_shared_state(conn, tenant_id, change.get("shared"), now)
-                await _insert_state_event(conn, conversation_id, tenant_id, 1, now, state_json)
+                await _apply_shared_state(conn, new.tenant_id, change.get("shared"), now)
+                await _insert_event(
+                    conn,
+                    new.conversation_id,
+                    new.tenant_id,
+                    seq=1,
+                    kind="state",
+                    created_at=now,
+                    token_estimate=0,
+                    payload=new.state_json,
+                )
         return "created"
 
     async def erase_conversation(
@@ -611,8 +612,15 @@ class SqliteBackend:
             if batch.state_json is not None:
                 seq = counters.last_seq + 1
                 change = orjson.loads(batch.state_json)
-                await _insert_state_event(
-                    conn, conversation_id, head["tenant_id"], seq, now, batch.state_json
+                await _insert_event(
+                    conn,
+                    conversation_id,
+                    head["tenant_id"],
+                    seq=seq,
+                    kind="state",
+                    created_at=now,
+                    token_estimate=0,
+                    payload=batch.state_json,
                 )
                 await _apply_shared_state(conn, head["tenant_id"], change.get("shared"), now)
                 counters = counters.after_event(seq=seq)
@@ -664,16 +672,15 @@ class SqliteBackend:
             write = planner.plan(decode_head_state(head), tail, datetime.now(UTC))
             attempt = planner.attempt
             event = write.event
-            await conn.execute(
-                insert(events).values(
-                    conversation_id=conversation_id,
-                    seq=event.seq,
-                    tenant_id=head["tenant_id"],
-                    kind="boundary",
-                    created_at=event.created_at,
-                    token_estimate=event.token_estimate,
-                    payload=write.payload,
-                )
+            await _insert_event(
+                conn,
+                conversation_id,
+                head["tenant_id"],
+                seq=event.seq,
+                kind="boundary",
+                created_at=event.created_at,
+                token_estimate=event.token_estimate,
+                payload=write.payload,
             )
             await _save_counters(
                 conn,
@@ -702,16 +709,15 @@ class SqliteBackend:
             if planned is None:
                 return True, None
             event = planned.event
-            await conn.execute(
-                insert(events).values(
-                    conversation_id=conversation_id,
-                    seq=event.seq,
-                    tenant_id=head["tenant_id"],
-                    kind=event.kind,
-                    created_at=event.created_at,
-                    token_estimate=event.token_estimate,
-                    payload=planned.payload,
-                )
+            await _insert_event(
+                conn,
+                conversation_id,
+                head["tenant_id"],
+                seq=event.seq,
+                kind=event.kind,
+                created_at=event.created_at,
+                token_estimate=event.token_estimate,
+                payload=planned.payload,
             )
             # episodic_write_event's twin: what else it sets is write_event_columns's.
             extra = write_event_columns(
@@ -1078,22 +1084,27 @@ async def _head(
     return dict(row) if row is not None else None
 
 
-async def _insert_state_event(
+async def _insert_event(
     conn: AsyncConnection,
     conversation_id: UUID,
     tenant_id: str,
+    *,
     seq: int,
+    kind: str,
     created_at: datetime,
+    token_estimate: int,
     payload: str,
 ) -> None:
+    """One event row that is not an appended message: a boundary, a planned event, the
+    state a conversation is created with."""
     await conn.execute(
         insert(events).values(
             conversation_id=conversation_id,
             seq=seq,
             tenant_id=tenant_id,
-            kind="state",
+            kind=kind,
             created_at=created_at,
-            token_estimate=0,
+            token_estimate=token_estimate,
             payload=payload,
         )
     )
