@@ -123,7 +123,7 @@ from episodic.store.projection import (
     counters_of,
 )
 from episodic.store.rules import PriorBatch, append_refusal, create_conversation_outcome
-from tests.conftest import isolated_settings
+from tests.conftest import citus_lane, isolated_settings
 from tests.support import asyncpg_dsn
 
 CALL_IDS = ("t1", "t2", "t3")
@@ -680,6 +680,15 @@ heads_settings = settings(
 )
 
 
+#: The head-row twins compare the SQL and Python at one instant, PostgreSQL's now() in one
+#: transaction. On Citus a delegated function runs in its node's own transaction, whose now()
+#: is later than the coordinator's, so the instant is not one there; the twin test over
+#: generated histories (above) runs on the Citus lane.
+at_one_instant_only = pytest.mark.skipif(
+    citus_lane(), reason="compares at one transaction's now(), which a Citus cluster has not"
+)
+
+
 @asynccontextmanager
 async def _at_one_instant(url: str) -> AsyncIterator[tuple[asyncpg.Connection, datetime]]:
     """A connection in a transaction, rolled back at the end, and its instant: PostgreSQL's
@@ -737,6 +746,7 @@ def _scoped(rows: Sequence[dict[str, Any]], scope: str | None) -> list[dict[str,
     return [row for row in rows if scope is None or row["tenant_id"] == scope]
 
 
+@at_one_instant_only
 @heads_settings
 @given(
     specs=head_specs,
@@ -785,6 +795,7 @@ def test_episodic_claim_takes_what_claimable_says(
     asyncio.run(check())
 
 
+@at_one_instant_only
 @heads_settings
 @given(
     specs=head_specs,
@@ -830,6 +841,7 @@ def test_episodic_claim_conversation_takes_what_claimable_by_hand_says(
     asyncio.run(check())
 
 
+@at_one_instant_only
 @heads_settings
 @given(
     # a lease, the ending worker's or not
@@ -895,6 +907,7 @@ def test_episodic_end_attempt_writes_what_end_attempt_columns_says(
     asyncio.run(check())
 
 
+@at_one_instant_only
 @heads_settings
 @given(specs=head_specs, limit=st.integers(0, 7), scope=st.sampled_from([None, "t1"]))
 def test_the_queue_query_lists_what_queue_state_and_queue_order_say(
@@ -917,6 +930,7 @@ def test_the_queue_query_lists_what_queue_state_and_queue_order_say(
     asyncio.run(check())
 
 
+@at_one_instant_only
 @heads_settings
 @given(specs=head_specs)
 def test_episodic_sweep_due_marks_what_sweep_due_candidate_says(
@@ -960,6 +974,7 @@ def test_episodic_sweep_due_marks_what_sweep_due_candidate_says(
     asyncio.run(check())
 
 
+@at_one_instant_only
 async def test_episodic_create_conversation_answers_what_create_conversation_outcome_says(
     postgres_url: str,
 ) -> None:
