@@ -80,14 +80,21 @@ OPTION_OF_SETTING = {
     "server_port": "--port",
 }
 
+
+def setting_option(setting: str, help: str) -> Any:
+    """The option that sets ``setting`` (its flag from :data:`OPTION_OF_SETTING`), falling
+    back to the setting's ``EPISODIC_*`` variable as the settings read it."""
+    return typer.Option(
+        OPTION_OF_SETTING[setting],
+        envvar=f"{EpisodicSettings.model_config['env_prefix']}{setting.upper()}",
+        show_envvar=True,
+        help=help,
+    )
+
+
 DatabaseUrlOption = Annotated[
     str | None,
-    typer.Option(
-        "--database-url",
-        envvar="EPISODIC_DATABASE_URL",
-        show_envvar=True,
-        help="postgresql+asyncpg://... or sqlite+aiosqlite:///file.db",
-    ),
+    setting_option("database_url", "postgresql+asyncpg://... or sqlite+aiosqlite:///file.db"),
 ]
 
 TenantOption = Annotated[
@@ -310,22 +317,14 @@ def worker(
     database_url: DatabaseUrlOption = None,
     concurrency: Annotated[
         int | None,
-        typer.Option(
-            envvar="EPISODIC_WORKER_CONCURRENCY",
-            show_envvar=True,
-            help="Compactions in flight at once in this process.",
-        ),
+        setting_option("worker_concurrency", "Compactions in flight at once in this process."),
     ] = None,
     once: Annotated[
         bool, typer.Option("--once", help="Compact what is due now, then exit (for cron).")
     ] = False,
     metrics_port: Annotated[
         int | None,
-        typer.Option(
-            envvar="EPISODIC_METRICS_PORT",
-            show_envvar=True,
-            help="Serve Prometheus metrics on this port (none unless set).",
-        ),
+        setting_option("metrics_port", "Serve Prometheus metrics on this port (none unless set)."),
     ] = None,
 ) -> None:
     """Run the compaction worker: compact conversations as they fall due.
@@ -707,16 +706,8 @@ def demo(
 @app.command()
 def serve(
     database_url: DatabaseUrlOption = None,
-    host: Annotated[
-        str | None,
-        typer.Option(envvar="EPISODIC_SERVER_HOST", show_envvar=True, help="The address to bind."),
-    ] = None,
-    port: Annotated[
-        int | None,
-        typer.Option(
-            envvar="EPISODIC_SERVER_PORT", show_envvar=True, help="The TCP port to listen on."
-        ),
-    ] = None,
+    host: Annotated[str | None, setting_option("server_host", "The address to bind.")] = None,
+    port: Annotated[int | None, setting_option("server_port", "The TCP port to listen on.")] = None,
 ) -> None:
     """Serve the store over HTTP (needs the server extra).
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from episodic.errors import ValidationError
 from episodic.models import ImageBlock, Message, RawBlock, TextBlock
@@ -211,10 +211,7 @@ def _assistant_message(blocks: list[Mapping[str, Any]], where: str) -> Message:
     reasoning: list[str] = []
     for i, block in enumerate(blocks):
         kind, at = block["type"], f"{where}.content[{i}]"
-        if kind in USER_ONLY_BLOCKS:
-            raise ValidationError(
-                f"{at}: an assistant turn cannot hold a {kind} block (a user turn does)", field=at
-            )
+        _refuse_other_turns_block(kind, at, "assistant")
         if kind == "tool_use":
             calls.append(_call(block, at))
         elif kind == "thinking":
@@ -241,10 +238,7 @@ def _user_messages(
     rest: list[Mapping[str, Any]] = []
     for i, block in enumerate(blocks):
         kind, at = block["type"], f"{where}.content[{i}]"
-        if kind in ASSISTANT_ONLY_BLOCKS:
-            raise ValidationError(
-                f"{at}: a user turn cannot hold a {kind} block (an assistant turn does)", field=at
-            )
+        _refuse_other_turns_block(kind, at, "user")
         if kind == "tool_result":
             out.append(_result_message(block, at, names))
         else:
@@ -253,6 +247,20 @@ def _user_messages(
         content = tuple(_content_block(block) for block in rest)
         out.append(_message({"role": "user", "content": content}, rest, where))
     return out
+
+
+#: the blocks only the other side's turns hold, and how the message names each side's turn
+_OTHER_TURNS_BLOCKS = {"assistant": USER_ONLY_BLOCKS, "user": ASSISTANT_ONLY_BLOCKS}
+_A_TURN = {"assistant": "an assistant turn", "user": "a user turn"}
+
+
+def _refuse_other_turns_block(kind: str, at: str, role: Literal["assistant", "user"]) -> None:
+    """Refuse a block in a turn of ``role`` that only the other side's turns hold."""
+    if kind in _OTHER_TURNS_BLOCKS[role]:
+        other = "user" if role == "assistant" else "assistant"
+        raise ValidationError(
+            f"{at}: {_A_TURN[role]} cannot hold a {kind} block ({_A_TURN[other]} does)", field=at
+        )
 
 
 def _call(block: Mapping[str, Any], where: str) -> dict[str, Any]:

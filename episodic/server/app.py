@@ -285,10 +285,8 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
         cid = await store.create_conversation(
             conversation_id=body.conversation_id, metadata=body.metadata_document()
         )
-        head = await _head(store, cid)
         response.headers["Location"] = f"/v1/conversations/{cid}"
-        response.headers["ETag"] = etag(head.conversation.last_seq)
-        return head
+        return await _head(store, cid, response)
 
     @router.get("/conversations", response_model=ConversationPage)
     async def list_conversations(
@@ -310,9 +308,7 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
         """The head (counters, compaction state) and the compaction pressure. Its ETag is
         the last seq, for If-Match; no 304 here, as the compaction state and the pressure
         change without a new seq."""
-        head = await _head(store, conversation_id)
-        response.headers["ETag"] = etag(head.conversation.last_seq)
-        return head
+        return await _head(store, conversation_id, response)
 
     @router.post(
         "/conversations/{conversation_id}/messages",
@@ -451,7 +447,11 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
     return router
 
 
-async def _head(store: EpisodicStore, conversation_id: UUID) -> ConversationHead:
+async def _head(
+    store: EpisodicStore, conversation_id: UUID, response: Response
+) -> ConversationHead:
+    """The head and its pressure, its last seq the answer's ETag."""
     conversation = await store.get_conversation(conversation_id)
+    response.headers["ETag"] = etag(conversation.last_seq)
     # one read: the pressure of the head just read, not of a second read of it
     return ConversationHead(conversation=conversation, pressure=store.pressure_of(conversation))

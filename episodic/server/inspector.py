@@ -351,6 +351,11 @@ def inspector_routes(root: EpisodicStore, keys: KeyStore) -> APIRouter:
         found = {k.tenant_id for k in listed if k.revoked_at is None}
         return sorted(found | {current, key.tenant_id})
 
+    async def tenant_page(name: str, key: ApiKey, tenant: str, **values: Any) -> HTMLResponse:
+        """A page of ``tenant``'s, with the tenant picker."""
+        picker = await tenants_to_pick(tenant, key)
+        return _page(name, key=key, tenant=tenant, tenants=picker, **values)
+
     async def answer(
         request: Request, work: Callable[[ApiKey, str, EpisodicStore], Awaitable[Response]]
     ) -> Response:
@@ -413,11 +418,10 @@ def inspector_routes(root: EpisodicStore, keys: KeyStore) -> APIRouter:
                 }
                 for head in heads
             ]
-            return _page(
+            return await tenant_page(
                 "conversations.html",
-                key=key,
-                tenant=tenant,
-                tenants=await tenants_to_pick(tenant, key),
+                key,
+                tenant,
                 rows=rows,
                 queue=queue,
                 limit=limit,
@@ -448,11 +452,10 @@ def inspector_routes(root: EpisodicStore, keys: KeyStore) -> APIRouter:
             events = await store.read_events(cid, after_seq=after_seq, limit=limit)
             attempts = list(reversed(await store.read_attempts(cid)))
             shown_through = events[-1].seq if events else after_seq
-            return _page(
+            return await tenant_page(
                 "conversation.html",
-                key=key,
-                tenant=tenant,
-                tenants=await tenants_to_pick(tenant, key),
+                key,
+                tenant,
                 head=head,
                 pressure=pressure,
                 state=compaction_state(head, now),

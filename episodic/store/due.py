@@ -10,6 +10,7 @@ tests/contract/test_twins.py checks both sides agree.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -32,6 +33,20 @@ OVERRIDE_KEYS = (
     "trigger_age_turn_count",
 )
 MAX_THRESHOLD = 2**62
+
+
+@dataclass(frozen=True, slots=True)
+class DueState:
+    """The columns of a head beside its counters that decide whether it is marked due:
+    whether it already is (or is dead, or deleted), when its current context began (the
+    trigger's age), and its per-conversation trigger overrides (``metadata``)."""
+
+    created_at: datetime
+    boundary_at: datetime | None = None
+    due_since: datetime | None = None
+    dead_since: datetime | None = None
+    deleted_at: datetime | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
 
 
 def check_overrides(metadata: Mapping[str, Any]) -> None:
@@ -99,42 +114,23 @@ def pressure_from(
 
 
 def due_reason(
-    counters: HeadCounters,
-    *,
-    created_at: datetime,
-    boundary_at: datetime | None,
-    metadata: Mapping[str, Any],
-    default: EpisodicCompactionConfig,
-    now: datetime,
+    counters: HeadCounters, head: DueState, default: EpisodicCompactionConfig, now: datetime
 ) -> EpisodicCompactionTrigger | None:
     """Why the conversation is due now, or None."""
-    pressure = pressure_from(counters, created_at=created_at, boundary_at=boundary_at, now=now)
-    return episodic_compaction_trigger(pressure, trigger_config_for(default, metadata))
+    pressure = pressure_from(
+        counters, created_at=head.created_at, boundary_at=head.boundary_at, now=now
+    )
+    return episodic_compaction_trigger(pressure, trigger_config_for(default, head.metadata))
 
 
 def due_marking(
-    counters: HeadCounters,
-    *,
-    due_since: datetime | None,
-    dead_since: datetime | None,
-    created_at: datetime,
-    boundary_at: datetime | None,
-    metadata: Mapping[str, Any],
-    default: EpisodicCompactionConfig,
-    now: datetime,
+    counters: HeadCounters, head: DueState, default: EpisodicCompactionConfig, now: datetime
 ) -> dict[str, Any]:
     """The head columns that mark the conversation due when the trigger fires on it now
     (empty when it does not, or the conversation is already due or dead)."""
-    if due_since is not None or dead_since is not None:
+    if head.due_since is not None or head.dead_since is not None:
         return {}
-    reason = due_reason(
-        counters,
-        created_at=created_at,
-        boundary_at=boundary_at,
-        metadata=metadata,
-        default=default,
-        now=now,
-    )
+    reason = due_reason(counters, head, default, now)
     if reason is None:
         return {}
     return {
@@ -146,20 +142,14 @@ def due_marking(
     }
 
 
-def sweep_due_candidate(
-    counters: HeadCounters,
-    *,
-    due_since: datetime | None,
-    dead_since: datetime | None,
-    deleted_at: datetime | None,
-) -> bool:
+def sweep_due_candidate(counters: HeadCounters, head: DueState) -> bool:
     """Whether the periodic sweep looks at this head: not due, not dead, not deleted, and
     with something after its latest boundary to compact (the sweep then marks it as
     :func:`due_marking` says). Twin of the scan's ``WHERE`` in ``episodic_sweep_due``."""
     return (
-        due_since is None
-        and dead_since is None
-        and deleted_at is None
+        head.due_since is None
+        and head.dead_since is None
+        and head.deleted_at is None
         and counters.last_seq > (counters.boundary_seq or 0)
     )
 
@@ -167,6 +157,7 @@ def sweep_due_candidate(
 __all__ = [
     "CLEARED_COMPACTION_STATE",
     "OVERRIDE_KEYS",
+    "DueState",
     "check_overrides",
     "due_marking",
     "due_reason",

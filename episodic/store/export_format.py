@@ -57,6 +57,10 @@ class EventRow:
     request_hash: str | None = None
     batch_size: int | None = None
 
+    def event_columns(self) -> tuple[int, str, datetime, int, str, str | None]:
+        """The row's codec.EVENT_COLUMNS, in their order (what decode_event_row reads)."""
+        return (self.seq, self.kind, self.created_at, self.token_estimate, self.payload, self.usage)
+
 
 @dataclass(frozen=True, slots=True)
 class HeadImage:

@@ -9,8 +9,7 @@ the twin of ``episodic_write_event``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -26,7 +25,7 @@ from episodic.models import (
 )
 from episodic.policy import EpisodicCompactionConfig
 from episodic.store.codec import encode_json
-from episodic.store.due import due_marking
+from episodic.store.due import DueState, due_marking
 from episodic.store.projection import HeadCounters, HeadState
 from episodic.view import in_view, retraction_target
 
@@ -110,15 +109,7 @@ def plan_deletion(conversation_id: UUID, head: HeadState, now: datetime) -> Plan
 
 
 def write_event_columns(
-    planned: PlannedEvent,
-    *,
-    due_since: datetime | None,
-    dead_since: datetime | None,
-    created_at: datetime,
-    boundary_at: datetime | None,
-    metadata: Mapping[str, Any],
-    trigger: EpisodicCompactionConfig,
-    now: datetime,
+    planned: PlannedEvent, head: DueState, trigger: EpisodicCompactionConfig, now: datetime
 ) -> dict[str, Any]:
     """The head columns writing ``planned`` sets besides its counters, from the head it was
     planned on (its due state, creation, context start and metadata): a clear's new context
@@ -135,16 +126,8 @@ def write_event_columns(
     if planned.event.kind == "deletion":
         columns.update(deleted_at=planned.event.created_at, due_since=None, due_reason=None)
         return columns
-    marking = due_marking(
-        planned.counters,
-        due_since=due_since,
-        dead_since=dead_since,
-        created_at=created_at,
-        boundary_at=planned.context_since or boundary_at,
-        metadata=metadata,
-        default=trigger,
-        now=now,
-    )
+    after = replace(head, boundary_at=planned.context_since or head.boundary_at)
+    marking = due_marking(planned.counters, after, trigger, now)
     return {**columns, **marking}
 
 

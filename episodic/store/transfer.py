@@ -21,7 +21,7 @@ from episodic.errors import ConflictError, EpisodicError, ImportFormatError, Not
 from episodic.models import BoundaryEvent, ClearEvent, DeletionEvent, StateEvent, StoredEvent
 from episodic.store.attempts import AttemptRecord
 from episodic.store.backend import Backend, ImportSink
-from episodic.store.codec import decode_event
+from episodic.store.codec import decode_event_row
 from episodic.store.export_format import (
     Checksum,
     ConversationHeader,
@@ -317,16 +317,8 @@ async def _import_block(
             )
         checksum.add(raw + "\n")
         try:
-            event = decode_event(
-                cid,
-                seq=row.seq,
-                kind=row.kind,
-                created_at=row.created_at,
-                token_estimate=row.token_estimate,
-                payload=row.payload,
-                usage=row.usage,
-            )
-            # decode_event trusts the log it reads; a file is checked as an append would be
+            event = decode_event_row(cid, row.event_columns())
+            # decode_event_row trusts the log it reads; a file is checked as an append would be
             event = _validated(event)
             fold.add(event)
             if isinstance(event, StateEvent):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from episodic import BoundaryRequest, EpisodicStore, Message, Usage, ValidationError
 from episodic.policy import EpisodicCompactionConfig
-from episodic.store.due import due_reason
+from episodic.store.due import DueState, due_reason
 from episodic.store.projection import HeadCounters
 from tests.support import asyncpg_dsn
 from tests.support_citus import node_port_of, nodes_of
@@ -161,14 +161,8 @@ def test_sql_trigger_matches_python_policy(
         total_user_messages=total,
     )
     metadata: dict[str, object] = {"compaction": overrides} if overrides else {}
-    expected = due_reason(
-        counters,
-        created_at=created_at,
-        boundary_at=boundary_at,
-        metadata=metadata,
-        default=config,
-        now=now,
-    )
+    due = DueState(created_at=created_at, boundary_at=boundary_at, metadata=metadata)
+    expected = due_reason(counters, due, config, now)
     head = {
         "conversation_id": str(uuid4()),
         "tenant_id": "t",

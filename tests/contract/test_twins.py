@@ -92,6 +92,7 @@ from episodic.store.batch import PreparedBatch, prepare_batch
 from episodic.store.codec import decode_conversation
 from episodic.store.due import (
     CLEARED_COMPACTION_STATE,
+    DueState,
     due_marking,
     due_reason,
     sweep_due_candidate,
@@ -155,17 +156,15 @@ class Twin:
     abandoned: list[str] = field(default_factory=list)
 
     def mark_due(self, now: datetime) -> None:
-        self.due.update(
-            due_marking(
-                self.counters,
-                due_since=self.due.get("due_since"),
-                dead_since=self.due.get("dead_since"),
-                created_at=self.created_at,
-                boundary_at=self.boundary_at,
-                metadata=self.metadata,
-                default=self.trigger,
-                now=now,
-            )
+        self.due.update(due_marking(self.counters, self.due_state(), self.trigger, now))
+
+    def due_state(self) -> DueState:
+        return DueState(
+            created_at=self.created_at,
+            boundary_at=self.boundary_at,
+            due_since=self.due.get("due_since"),
+            dead_since=self.due.get("dead_since"),
+            metadata=self.metadata,
         )
 
     def attempt(self, end: AttemptEnd, error: str | None, now: datetime) -> None:
@@ -256,16 +255,7 @@ class Twin:
 
     def write_planned(self, planned: PlannedEvent, now: datetime) -> None:
         """The planned event written as write_event_columns says."""
-        columns = write_event_columns(
-            planned,
-            due_since=self.due.get("due_since"),
-            dead_since=self.due.get("dead_since"),
-            created_at=self.created_at,
-            boundary_at=self.boundary_at,
-            metadata=self.metadata,
-            trigger=self.trigger,
-            now=now,
-        )
+        columns = write_event_columns(planned, self.due_state(), self.trigger, now)
         self.counters = planned.counters
         self.boundary_at = columns.pop("boundary_at", self.boundary_at)
         self.deleted = self.deleted or columns.pop("deleted_at", None) is not None
@@ -399,14 +389,8 @@ def _compare_heads(twin: Twin, row: Any, now: datetime, step: object) -> None:
     assert (head.boundary_at is not None) == (twin.boundary_at is not None), step
     # episodic_trigger_reason and due_reason, on the same head at the same instant (whether
     # or not it is due already).
-    python = due_reason(
-        counters_of(head),
-        created_at=head.created_at,
-        boundary_at=head.boundary_at,
-        metadata=head.metadata,
-        default=twin.trigger,
-        now=now,
-    )
+    due = DueState(created_at=head.created_at, boundary_at=head.boundary_at, metadata=head.metadata)
+    python = due_reason(counters_of(head), due, twin.trigger, now)
     assert row["sql_reason"] == (str(python) if python is not None else None), step
 
 
@@ -559,23 +543,17 @@ async def _play(url: str, plan: list[dict[str, Any]], trigger: EpisodicCompactio
         # due_marking.
         row = await _head_row(connection, conv, trigger, datetime.now(UTC))
         counters = counters_of(decode_conversation(dict(row)))
+        due = DueState(
+            created_at=row["created_at"],
+            boundary_at=row["boundary_at"],
+            due_since=row["due_since"],
+            dead_since=row["dead_since"],
+            deleted_at=row["deleted_at"],
+            metadata=metadata,
+        )
         would = bool(
-            sweep_due_candidate(
-                counters,
-                due_since=row["due_since"],
-                dead_since=row["dead_since"],
-                deleted_at=row["deleted_at"],
-            )
-            and due_marking(
-                counters,
-                due_since=row["due_since"],
-                dead_since=row["dead_since"],
-                created_at=row["created_at"],
-                boundary_at=row["boundary_at"],
-                metadata=metadata,
-                default=trigger,
-                now=datetime.now(UTC),
-            )
+            sweep_due_candidate(counters, due)
+            and due_marking(counters, due, trigger, datetime.now(UTC))
         )
         marked = await connection.fetch(SWEEP_DUE, orjson.dumps(trigger_document(trigger)).decode())
         assert (conv in {r[0] for r in marked}) == would
@@ -952,21 +930,13 @@ def test_episodic_sweep_due_marks_what_sweep_due_candidate_says(
                 boundary_seq=row["boundary_seq"],
                 user_messages_since_run_completed=row["user_messages_since_run_completed"],
             )
-            if sweep_due_candidate(
-                counters,
+            due = DueState(
+                created_at=row["created_at"],
                 due_since=row["due_since"],
                 dead_since=row["dead_since"],
                 deleted_at=row["deleted_at"],
-            ) and due_marking(
-                counters,
-                due_since=row["due_since"],
-                dead_since=row["dead_since"],
-                created_at=row["created_at"],
-                boundary_at=None,
-                metadata={},
-                default=trigger,
-                now=now,
-            ):
+            )
+            if sweep_due_candidate(counters, due) and due_marking(counters, due, trigger, now):
                 want.add(row["conversation_id"])
         event(f"swept: {len(want)}")
         assert {UUID(str(r[0])) for r in marked} == want

@@ -83,7 +83,12 @@ from episodic.store.codec import (
     utc,
 )
 from episodic.store.db_errors import translated_errors
-from episodic.store.due import CLEARED_COMPACTION_STATE, due_marking, sweep_due_candidate
+from episodic.store.due import (
+    CLEARED_COMPACTION_STATE,
+    DueState,
+    due_marking,
+    sweep_due_candidate,
+)
 from episodic.store.engine import DatabaseUrl
 from episodic.store.erasure import Erasure, erasure_from_row
 from episodic.store.export_format import ConversationHeader, EventRow, HeadImage, SharedStateRow
@@ -608,7 +613,7 @@ class SqliteBackend:
                     }
                 )
             await conn.execute(insert(events), rows)
-            extra = _due_marking(head, counters, trigger, now)
+            extra = due_marking(counters, _due_state(head), trigger, now)
             if batch.state_json is not None:
                 seq = counters.last_seq + 1
                 change = orjson.loads(batch.state_json)
@@ -655,9 +660,8 @@ class SqliteBackend:
                 )
             )
             counters = counters.after_run_completed(seq=seq, token_estimate=tokens)
-            await _save_counters(
-                conn, conversation_id, counters, **_due_marking(head, counters, trigger, now)
-            )
+            extra = due_marking(counters, _due_state(head), trigger, now)
+            await _save_counters(conn, conversation_id, counters, **extra)
             return WriteOutcome(
                 "appended", seq=seq, created_at=now, detail=encode_json(abandoned, what="ids")
             )
@@ -720,16 +724,7 @@ class SqliteBackend:
                 payload=planned.payload,
             )
             # episodic_write_event's twin: what else it sets is write_event_columns's.
-            extra = write_event_columns(
-                planned,
-                due_since=head["due_since"],
-                dead_since=head["dead_since"],
-                created_at=state.created_at,
-                boundary_at=state.boundary_at,
-                metadata=json_value(head["metadata"]),
-                trigger=trigger,
-                now=now,
-            )
+            extra = write_event_columns(planned, _due_state(head), trigger, now)
             await _save_counters(conn, conversation_id, planned.counters, **extra)
         return True, planned
 
@@ -819,14 +814,10 @@ class SqliteBackend:
             for mapping in rows.mappings().all():
                 row = dict(mapping)
                 counters = decode_counters(row)
-                if not sweep_due_candidate(
-                    counters,
-                    due_since=row["due_since"],
-                    dead_since=row["dead_since"],
-                    deleted_at=row["deleted_at"],
-                ):
+                due = _due_state(row)
+                if not sweep_due_candidate(counters, due):
                     continue
-                state = _due_marking(row, counters, trigger, now)
+                state = due_marking(counters, due, trigger, now)
                 if not state:
                     continue
                 await conn.execute(
@@ -1172,22 +1163,15 @@ async def _take_lease(
     )
 
 
-def _due_marking(
-    head: Mapping[str, Any],
-    counters: HeadCounters,
-    trigger: EpisodicCompactionConfig,
-    now: datetime,
-) -> dict[str, Any]:
-    """The columns that mark the conversation due (due.due_marking, episodic_mark_due's twin)."""
-    return due_marking(
-        counters,
-        due_since=head["due_since"],
-        dead_since=head["dead_since"],
+def _due_state(head: Mapping[str, Any]) -> DueState:
+    """A head row's columns that decide whether it is marked due (its SQLite text decoded)."""
+    return DueState(
         created_at=utc(head["created_at"]),
         boundary_at=utc(head["boundary_at"]) if head["boundary_at"] is not None else None,
+        due_since=head["due_since"],
+        dead_since=head["dead_since"],
+        deleted_at=head["deleted_at"],
         metadata=json_value(head["metadata"]),
-        default=trigger,
-        now=now,
     )
 
 
