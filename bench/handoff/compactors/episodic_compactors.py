@@ -1,0 +1,152 @@
+"""episodic's two compactors, each through the code a user runs.
+
+- ``episodic``: the worker's path. The phases are appended to a real store (a SQLite file:
+  the backend does not change what is summarized, and the twin tests hold SQLite to
+  PostgreSQL), each run marked completed; a compaction claims the conversation as "compact
+  now" does and runs ``compact_claimed`` with the ``openai`` summarizer; the context is
+  ``load_context``.
+- ``episodic_inrun``: the in-run ``LlmCompactor`` (the cliver contract), over the history
+  an agent loop holds, with a chat summarizer that calls the same endpoint.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from bench.handoff.compactors.base import Compactor
+from episodic import EpisodicStore, Message, Usage
+from episodic.compaction import CompactionConfig
+from episodic.loop import CompactionContext, LlmCompactor, compact_in_run
+from episodic.summarizers.openai_chat import OpenAIChatSummarizer
+from episodic.worker import CompactionOptions, compact_claimed
+
+WORKER = "bench:handoff"
+
+
+class EpisodicWorker(Compactor):
+    name = "episodic"
+    describes = "episodic's worker: store + compact_claimed + openai summarizer + load_context"
+
+    async def open(self) -> None:
+        endpoint = self.endpoint_or_fail()
+        self._dir = tempfile.TemporaryDirectory(prefix="episodic-handoff-")
+        url = f"sqlite+aiosqlite:///{Path(self._dir.name) / 'handoff.db'}"
+        self.store = await EpisodicStore.open(url)
+        await self.store.migrate()
+        self.conversation: UUID = await self.store.create_conversation()
+        self.summarizer = OpenAIChatSummarizer(
+            endpoint.model,
+            base_url=endpoint.base_url,
+            api_key=endpoint.api_key,
+            timeout=self.budget.timeout,
+            max_output_tokens=self.budget.handoff_tokens,
+            temperature=0.0,
+            max_tokens_field="max_tokens",
+        )
+        config = CompactionConfig().with_limits(recent_user_token_budget=self.budget.keep_tokens)
+        self.options = CompactionOptions(
+            compaction=config, summarizer_timeout=self.budget.timeout, max_attempts=1
+        )
+
+    async def close(self) -> None:
+        await self.summarizer.aclose()
+        await self.store.close()
+        self._dir.cleanup()
+
+    async def add(self, messages: Sequence[Message]) -> None:
+        await self.store.append(self.conversation, messages)
+        await self.store.mark_run_completed(self.conversation)
+
+    async def compact(self) -> None:
+        claim = await self.store.claim_conversation(
+            self.conversation, WORKER, lease_seconds=self.options.default_lease_seconds()
+        )
+        if claim is None:
+            raise RuntimeError("the conversation could not be claimed")
+        result = await compact_claimed(
+            self.store, self.summarizer, claim, worker=WORKER, options=self.options
+        )
+        if result.outcome != "succeeded":
+            raise RuntimeError(f"episodic's compaction ended {result.outcome}: {result.error}")
+
+    async def context(self) -> list[Message]:
+        return list((await self.store.load_context(self.conversation)).messages)
+
+
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    """What ``LlmCompactor`` reads of a chat reply: ``.message.content`` and ``.usage``."""
+
+    message: Any
+    usage: Usage | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Said:
+    content: str
+
+
+class _EndpointChat:
+    """A ``ChatSummarizer``: one chat-completions call per prompt."""
+
+    def __init__(self, client: Any, model: str, max_tokens: int) -> None:
+        self.client, self.model, self.max_tokens = client, model, max_tokens
+
+    async def chat(self, prompt: str, /) -> _Reply:
+        response = await self.client.chat.completions.create(
+            model=self.model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=self.max_tokens,
+            temperature=0.0,
+        )
+        usage = response.usage
+        counted = (
+            Usage(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens)
+            if usage is not None
+            else None
+        )
+        return _Reply(_Said(response.choices[0].message.content or ""), counted)
+
+
+class EpisodicInRun(Compactor):
+    name = "episodic_inrun"
+    describes = "episodic's in-run LlmCompactor (the cliver contract), keep_turns=1"
+
+    async def open(self) -> None:
+        from openai import AsyncOpenAI
+
+        endpoint = self.endpoint_or_fail()
+        self.client = AsyncOpenAI(
+            base_url=endpoint.base_url,
+            api_key=endpoint.api_key,
+            timeout=self.budget.timeout,
+            max_retries=0,
+        )
+        chat = _EndpointChat(self.client, endpoint.model, self.budget.handoff_tokens)
+        # threshold 0: it compacts whenever asked (the benchmark decides when)
+        self.compactor = LlmCompactor(chat, threshold_tokens=0, keep_turns=1)
+        self.messages: list[Message] = []
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def add(self, messages: Sequence[Message]) -> None:
+        self.messages.extend(messages)
+
+    async def compact(self) -> None:
+        # An agent loop compacts right before a model call, when its history ends with a
+        # user message or a tool result: so here, before the call that wrote the phase's
+        # last reply, which follows the compacted history as it would have.
+        last = self.messages[-1:] if self.messages[-1].role == "assistant" else []
+        before = self.messages[: len(self.messages) - len(last)]
+        # last_usage stands for the previous model call's input: over the threshold
+        context = CompactionContext.of(before, last_usage=Usage(input_tokens=1))
+        self.messages = [*await compact_in_run(self.compactor, context), *last]
+
+    async def context(self) -> list[Message]:
+        return list(self.messages)

@@ -1,0 +1,188 @@
+"""One benchmark run: every session, replicate and compactor, compacted again and again.
+
+A chain is one session under one compactor: phases 0 and 1 are added, then it is compacted;
+each later phase is added and compacted again, so compaction ``d`` is the d-th in a row and
+early facts reach it only through the handoffs before it. At each measured depth the
+context the next model call would see is scored (see ``scoring``), and the model answers
+every probe's question in one call, given that context alone.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from bench.handoff.compactors.base import Budget, Compactor, Endpoint, count_tokens
+from bench.handoff.scoring import ProbeScore, parse_answers, questions_prompt, render, score
+from bench.handoff.sessions import Session, generate
+
+#: the most tokens the model may answer the probes with (eight short answers)
+ANSWER_TOKENS = 320
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One chain at one depth."""
+
+    session: str
+    seed: int
+    compactor: str
+    depth: int
+    context_tokens: int
+    compact_seconds: float
+    scores: tuple[ProbeScore, ...]
+    #: the first message of the context (the handoff, where there is one), for quoting
+    head: str
+    answers: tuple[str, ...]
+    #: the whole context as the model was given it, and its reply to the questions
+    context: str = ""
+    reply: str = ""
+
+
+@dataclass(slots=True)
+class RunResult:
+    measurements: list[Measurement] = field(default_factory=list)
+    #: compactor -> why it did not run
+    skipped: dict[str, str] = field(default_factory=dict)
+    #: (compactor, session, seed) -> the error that ended the chain
+    failures: list[tuple[str, str, int, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "measurements": [asdict(m) for m in self.measurements],
+            "skipped": self.skipped,
+            "failures": self.failures,
+            "seconds": self.seconds,
+        }
+
+
+class Answerer:
+    """The same model, asked the probes' questions about a context (temperature 0)."""
+
+    def __init__(self, endpoint: Endpoint, timeout: float) -> None:
+        from openai import AsyncOpenAI
+
+        self.model = endpoint.model
+        self.client = AsyncOpenAI(
+            base_url=endpoint.base_url, api_key=endpoint.api_key, timeout=timeout, max_retries=0
+        )
+
+    async def answer(self, context: str, session: Session) -> str:
+        response = await self.client.chat.completions.create(
+            model=self.model,
+            messages=[{"role": "user", "content": questions_prompt(context, session.probes)}],
+            max_tokens=ANSWER_TOKENS,
+            temperature=0.0,
+        )
+        return response.choices[0].message.content or ""
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def _say(started: float, text: str) -> None:
+    print(f"[{time.monotonic() - started:6.0f} s] {text}", file=sys.stderr, flush=True)
+
+
+async def run_chain(
+    compactor: Compactor,
+    session: Session,
+    depths: Sequence[int],
+    answerer: Answerer,
+    started: float,
+) -> list[Measurement]:
+    """One session under one compactor, measured at ``depths``."""
+    found = []
+    await compactor.open()
+    try:
+        await compactor.add(session.phases[0])
+        for depth in range(1, max(depths) + 1):
+            await compactor.add(session.phases[depth])
+            began = time.monotonic()
+            await compactor.compact()
+            took = time.monotonic() - began
+            if depth not in depths:
+                chain = f"{session.kind} seed {session.seed} {compactor.name}"
+                _say(started, f"{chain} depth {depth}: compacted in {took:.0f} s")
+                continue
+            messages = await compactor.context()
+            context = render(messages)
+            reply = await answerer.answer(context, session)
+            answers = parse_answers(reply, len(session.probes))
+            scores = score(session.probes, context, answers)
+            found.append(
+                Measurement(
+                    session=session.kind,
+                    seed=session.seed,
+                    compactor=compactor.name,
+                    depth=depth,
+                    context_tokens=count_tokens(messages),
+                    compact_seconds=took,
+                    scores=tuple(scores),
+                    head=messages[0].text if messages else "",
+                    answers=tuple(answers),
+                    context=context,
+                    reply=reply,
+                )
+            )
+            held = sum(s.in_context for s in scores)
+            said = sum(s.answered for s in scores)
+            _say(
+                started,
+                f"{session.kind} seed {session.seed} {compactor.name} depth {depth}: compacted "
+                f"in {took:.0f} s, context {found[-1].context_tokens} tokens, in context "
+                f"{held}/{len(scores)}, answered {said}/{len(scores)}",
+            )
+    finally:
+        await compactor.close()
+    return found
+
+
+async def run(
+    compactors: Sequence[type[Compactor]],
+    *,
+    endpoint: Endpoint,
+    budget: Budget,
+    kinds: Sequence[str],
+    replicates: int,
+    depths: Sequence[int],
+    seed: int = 1,
+    on_measure: Callable[[RunResult], None] | None = None,
+) -> RunResult:
+    """Every kind x replicate x compactor chain; a compactor that cannot run is skipped
+    (and said so), a chain that fails is recorded and the run goes on."""
+    result = RunResult()
+    started = time.monotonic()
+    runnable = []
+    for cls in compactors:
+        reason = cls.unavailable()
+        if reason is None:
+            runnable.append(cls)
+        else:
+            result.skipped[cls.name] = reason
+            _say(started, f"{cls.name}: skipped ({reason})")
+    answerer = Answerer(endpoint, budget.timeout)
+    try:
+        for kind in kinds:
+            for replicate in range(replicates):
+                session = generate(kind, seed + replicate, max(depths) + 1)
+                for cls in runnable:
+                    compactor = cls(endpoint if cls.needs_model else None, budget)
+                    try:
+                        result.measurements += await run_chain(
+                            compactor, session, depths, answerer, started
+                        )
+                    except Exception as exc:  # a failed chain is a finding, not the end
+                        failure = f"{type(exc).__name__}: {exc}"[:500]
+                        result.failures.append((cls.name, kind, session.seed, failure))
+                        _say(started, f"{kind} seed {session.seed} {cls.name}: FAILED {failure}")
+                    if on_measure is not None:
+                        on_measure(result)
+    finally:
+        await answerer.close()
+    result.seconds = time.monotonic() - started
+    return result

@@ -1,0 +1,105 @@
+"""Scores computed by code from what the model saw and said; the model never grades itself.
+
+- *context recall*: a probe's keys all appear, normalised, in the model-visible context.
+- *answer recall*: the model, given only that context and the probes' questions (one call,
+  numbered), answers with every key of the probe; for a ``planned_not_done`` probe, answers
+  "no".
+- *false done*: a ``planned_not_done`` probe answered "yes".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bench.handoff.sessions import Probe
+from episodic import Message
+
+_NOT_WORD = re.compile(r"[^0-9a-z]+")
+_NUMBERED = re.compile(r"^\s*(?:\*\*)?(\d{1,2})[.):]\s*(.*)$")
+
+
+def normalise(text: str) -> str:
+    """Lower case, every run of other characters one space, padded by spaces (so a key
+    matches whole words only: ``staging 7`` is not in ``staging 17``)."""
+    return f" {_NOT_WORD.sub(' ', text.lower()).strip()} "
+
+
+def holds(text: str, keys: Sequence[str]) -> bool:
+    """Whether ``text`` holds every key."""
+    said = normalise(text)
+    return all(normalise(key) in said for key in keys)
+
+
+def render(messages: Sequence[Message]) -> str:
+    """The context as one text, the same way for every compactor: a line per message (its
+    role, its text, its tool calls), nothing cut."""
+    lines = []
+    for message in messages:
+        text = message.text
+        parts = [text] if text else []
+        parts += [f"[calls {call.name}({call.arguments_text()})]" for call in message.tool_calls]
+        who = f"tool {message.name}" if message.role == "tool" and message.name else message.role
+        lines.append(f"{who}: {' '.join(parts)}")
+    return "\n".join(lines)
+
+
+def questions_prompt(context: str, probes: Sequence[Probe]) -> str:
+    """One user message: the context, then every probe's question, numbered."""
+    asked = "\n".join(f"{n}. {probe.question}" for n, probe in enumerate(probes, start=1))
+    return (
+        "Here is the conversation of an agent session so far (its earlier part may have been "
+        "summarized):\n\n<conversation>\n"
+        f"{context}\n</conversation>\n\nYou are that agent. Answer each question from the "
+        "conversation alone, on its own line, numbered as asked, as briefly as possible: the "
+        "exact identifier, file, command or value where one is asked. If the conversation "
+        "does not say, answer 'unknown'.\n\n"
+        f"{asked}"
+    )
+
+
+def parse_answers(reply: str, count: int) -> list[str]:
+    """The reply's answers by number (1..count); a missing one is empty."""
+    answers = [""] * count
+    current: int | None = None
+    for line in reply.splitlines():
+        match = _NUMBERED.match(line)
+        if match and 1 <= int(match.group(1)) <= count:
+            current = int(match.group(1)) - 1
+            answers[current] = match.group(2).strip()
+        elif current is not None and line.strip():
+            answers[current] = f"{answers[current]} {line.strip()}".strip()
+    return answers
+
+
+def says_yes(answer: str) -> bool | None:
+    """True for a yes, False for a no (or "not yet"), None when it says neither."""
+    said = normalise(answer)
+    if said.startswith((" no ", " not ")) or " not yet " in said or " not been " in said:
+        return False
+    if said.startswith((" yes ", " it has ", " done ")):
+        return True
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeScore:
+    kind: str
+    in_context: bool
+    answered: bool
+    false_done: bool
+
+
+def score(probes: Sequence[Probe], context: str, answers: Sequence[str]) -> list[ProbeScore]:
+    """Each probe's scores from the context text and the model's answers."""
+    scores = []
+    for probe, answer in zip(probes, answers, strict=True):
+        in_context = holds(context, probe.keys)
+        if probe.kind == "planned_not_done":
+            verdict = says_yes(answer)
+            answered, false_done = verdict is False, verdict is True
+        else:
+            answered, false_done = holds(answer, probe.keys), False
+        scores.append(ProbeScore(probe.kind, in_context, answered, false_done))
+    return scores

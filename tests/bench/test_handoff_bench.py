@@ -1,0 +1,160 @@
+"""The handoff benchmark's machinery, end to end, with a scripted model (never the real one):
+the sessions and their probes, the scoring on known answers, every compactor's adapter
+against an OpenAI-compatible server on 127.0.0.1, and the report.
+
+The scripted model answers a summarization request with the prompt's lines that hold a
+digit (so some facts pass a handoff and some do not), and the probes' questions by reading
+the conversation it was given: every answer is the whole conversation on one line, and the
+planned-not-done question is answered "no" when the conversation says the item is not done
+yet. So its answer recall must equal context recall, a check that the questions, the
+parsing and the scoring line up.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.handoff.__main__ import main
+from bench.handoff.compactors import COMPACTORS, load
+from bench.handoff.scoring import holds, parse_answers, questions_prompt, render, says_yes, score
+from bench.handoff.sessions import PROBE_KINDS, SESSION_KINDS, generate
+from tests.support_openai import FakeOpenAIServer, Reply, chat_completion
+
+_QUESTION = re.compile(r"^(\d+)\. (.*)$", re.MULTILINE)
+
+
+class ScriptedModel(FakeOpenAIServer):
+    """Answers from the request: a summary of the prompt's lines with digits, or the probes'
+    answers read off the conversation."""
+
+    def _next_reply(self) -> Reply:
+        request = self.requests[-1].json or {}
+        prompt = "\n".join(_text(m.get("content")) for m in request.get("messages", []))
+        if "<conversation>" in prompt:
+            return Reply(200, chat_completion(_answers(prompt)))
+        lines = [line for line in prompt.splitlines() if re.search(r"\d", line)]
+        return Reply(200, chat_completion("Handoff notes:\n" + "\n".join(lines)[-1500:]))
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return str(content or "")
+
+
+def _answers(prompt: str) -> str:
+    conversation = prompt.split("<conversation>", 1)[1].split("</conversation>", 1)[0]
+    flat = " ".join(conversation.split())
+    out = []
+    for number, question in _QUESTION.findall(prompt.split("</conversation>", 1)[1]):
+        if "Answer yes or no" in question:
+            said = "no" if re.search(r"not (written|issued) yet", flat) else "yes"
+        else:
+            said = flat
+        out.append(f"{number}. {said}")
+    return "\n".join(out)
+
+
+# ---- the sessions and the scoring ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", SESSION_KINDS)
+def test_a_session_plants_every_probe_kind_and_each_seed_is_its_own(kind: str) -> None:
+    session = generate(kind, 7, 5)
+    assert [p.kind for p in session.probes] == list(PROBE_KINDS)
+    assert generate(kind, 7, 5) == session
+    assert generate(kind, 8, 5) != session
+    whole = render([m for phase in session.phases for m in phase])
+    for probe in session.probes:
+        assert holds(whole, probe.keys), probe
+    # the identifier is seen only in a tool's output
+    (identifier,) = (p.keys for p in session.probes if p.kind == "tool_identifier")
+    said = [m for phase in session.phases for m in phase if holds(render([m]), identifier)]
+    assert [m.role for m in said] == ["tool"]
+    # early facts survive only through handoffs: no side task repeats one
+    later = render([m for phase in session.phases[2:] for m in phase])
+    for probe in session.probes:
+        if probe.kind != "planned_not_done":
+            assert not holds(later, probe.keys), probe
+
+
+def test_the_scoring_on_known_answers() -> None:
+    session = generate("coding", 3, 3)
+    context = render([m for phase in session.phases for m in phase])
+    keys = {p.kind: p.keys for p in session.probes}
+    reply = "\n".join(
+        [
+            f"1. {keys['constraint'][0]}",
+            "2. unknown",
+            f"3) {keys['file_touched'][0]}",
+            "4. " + " because ".join(keys["decision"]),
+            "5. unknown",
+            "6. Yes, it was written.",
+            f"7. `{keys['repro_command'][0]}`",
+            f"8. {keys['updated_value'][0]}",
+        ]
+    )
+    answers = parse_answers(reply, len(session.probes))
+    scores = {s.kind: s for s in score(session.probes, context, answers)}
+    assert all(s.in_context for s in scores.values())
+    answered = {kind for kind, s in scores.items() if s.answered}
+    assert answered == {"constraint", "file_touched", "decision", "repro_command", "updated_value"}
+    assert scores["planned_not_done"].false_done
+    assert not score(session.probes, "", ["no"] * 8)[5].false_done
+    assert says_yes("No, not yet.") is False
+    assert says_yes("unknown") is None
+    # a key matches whole words only
+    assert not holds("deploy to staging-17", ("staging-7",))
+    assert questions_prompt(context, session.probes).count("\n8. ") == 1
+
+
+# ---- end to end ----------------------------------------------------------------------------
+
+
+async def test_the_benchmark_end_to_end(tmp_path: Path) -> None:
+    output = tmp_path / "HANDOFF.md"
+    names = [*COMPACTORS, "keep_all", "keep_nothing"]
+    async with ScriptedModel() as model:
+        args = ["--endpoint", model.base_url, "--model", "scripted", "--replicates", "2"]
+        args += ["--depths", "1", "2", "--output", str(output), "--compactors", *names]
+        import asyncio
+
+        code = await asyncio.to_thread(main, args)
+    assert code == 0
+    raw = json.loads(output.with_suffix(".json").read_text())
+    assert raw["failures"] == []
+    missing = {name: reason for name, reason in raw["skipped"].items()}
+    for name in COMPACTORS:
+        assert isinstance(load(name), type), f"{name} cannot be imported: {missing.get(name)}"
+    measured: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for m in raw["measurements"]:
+        measured.setdefault((m["compactor"], m["depth"]), []).append(m)
+    # both session kinds, two replicates each, every compactor at both depths
+    assert {key: len(ms) for key, ms in measured.items()} == {
+        (name, depth): 4 for name in names for depth in (1, 2)
+    }
+    for ms in measured.values():
+        for m in ms:
+            for s in m["scores"]:
+                if s["kind"] != "planned_not_done":
+                    assert s["answered"] == s["in_context"], (m["compactor"], s)
+    for depth in (1, 2):
+        assert all(s["in_context"] for m in measured[("keep_all", depth)] for s in m["scores"])
+        assert not any(
+            s["in_context"] for m in measured[("keep_nothing", depth)] for s in m["scores"]
+        )
+    # what the model was asked: handoffs of handoffs (the second compaction summarizes
+    # the first one's handoff, in episodic's worker)
+    summaries = [r for r in model.requests if "<conversation>" not in json.dumps(r.json)]
+    assert any("Handoff notes:" in json.dumps(r.json) for r in summaries)
+    report = output.read_text()
+    for name in names:
+        assert f"| {name} | 1 |" in report
+        assert f"| {name} | 2 |" in report
+    assert "## Depth 2, by probe kind" in report
+    assert "responses.compact" in report
