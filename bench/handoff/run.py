@@ -20,7 +20,7 @@ from bench.handoff.scoring import ProbeScore, parse_answers, questions_prompt, r
 from bench.handoff.sessions import Session, generate
 
 #: the most tokens the model may answer the probes with (eight short answers)
-ANSWER_TOKENS = 320
+ANSWER_TOKENS = 200
 
 
 @dataclass(frozen=True, slots=True)

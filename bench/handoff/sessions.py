@@ -34,6 +34,9 @@ PROBE_KINDS = (
     "updated_value",
 )
 SESSION_KINDS = ("coding", "support")
+#: lines of a side task's tool output: a side phase is about 300 tokens, so that one
+#: compaction (the last handoff and a phase) takes about 20 s on the local model here
+SIDE_LINES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,11 +155,11 @@ def _coding(seed: int, phases: int) -> Session:
     failing = "\n".join(
         [
             f"$ {repro}",
-            _log_lines(rng, module, 6),
+            _log_lines(rng, module, 4),
             f"FAILED tests/{module}/test_{func}.py::{test} - {module}.errors.SyncError: "
             f"{code}: entry posted twice for period {rng.randrange(2020, 2026)}-"
             f"{rng.randrange(1, 12):02d}",
-            _log_lines(rng, module, 4),
+            _log_lines(rng, module, 2),
             "1 failed, 41 passed in 3.2s",
         ]
     )
@@ -195,11 +198,15 @@ def _coding(seed: int, phases: int) -> Session:
         messages.append(w.user(ask.format(svc=other)))
         if tool == "ls":
             messages += w.tool(
-                "shell", {"command": f"ls -s src/{other}"}, _listing(rng, f"src/{other}", 14)
+                "shell",
+                {"command": f"ls -s src/{other}"},
+                _listing(rng, f"src/{other}", SIDE_LINES),
             )
         else:
             messages += w.tool(
-                "read_log", {"service": other, "lines": 14}, _log_lines(rng, other, 14)
+                "read_log",
+                {"service": other, "lines": SIDE_LINES},
+                _log_lines(rng, other, SIDE_LINES),
             )
         messages.append(
             w.say(
@@ -266,15 +273,15 @@ def _support(seed: int, phases: int) -> Session:
     old_plan, new_plan = rng.sample(_PLANS, 2)
     cause, cause_key, reason = _word(rng, _CAUSES)
     steps = _word(rng, _STEPS)
-    refund_cap = rng.choice((50, 75, 120, 200))
+    refund_cap = rng.choice((1250, 1475, 1875, 3150))
     callback_old, callback_new = rng.sample(("Monday", "Tuesday", "Wednesday", "Thursday"), 2)
     planned = f"credit note CN-{rng.randrange(1000, 9999)}"
     lookup = "\n".join(
         [
-            _log_lines(rng, "billing", 5),
+            _log_lines(rng, "billing", 4),
             f"account {account}: plan {old_plan}, owner {title} {surname}, open ticket {ticket}",
             f"charge ch_{rng.randrange(16**8):08x}: duplicated, amount {rng.randrange(20, 400)}.00",
-            _log_lines(rng, "billing", 4),
+            _log_lines(rng, "billing", 2),
         ]
     )
     phase0 = [
@@ -312,7 +319,9 @@ def _support(seed: int, phases: int) -> Session:
         messages.append(
             w.user(_SIDE_TASKS_SUPPORT[(n - 1) % len(_SIDE_TASKS_SUPPORT)].format(svc=other))
         )
-        messages += w.tool("read_log", {"service": other, "lines": 14}, _log_lines(rng, other, 14))
+        messages += w.tool(
+            "read_log", {"service": other, "lines": SIDE_LINES}, _log_lines(rng, other, SIDE_LINES)
+        )
         messages.append(
             w.say(
                 f"{other} looks fine: {rng.randrange(2, 9)} slow requests, no errors. "

@@ -69,18 +69,20 @@ def test_a_session_plants_every_probe_kind_and_each_seed_is_its_own(kind: str) -
     assert [p.kind for p in session.probes] == list(PROBE_KINDS)
     assert generate(kind, 7, 5) == session
     assert generate(kind, 8, 5) != session
-    whole = render([m for phase in session.phases for m in phase])
-    for probe in session.probes:
-        assert holds(whole, probe.keys), probe
-    # the identifier is seen only in a tool's output
-    (identifier,) = (p.keys for p in session.probes if p.kind == "tool_identifier")
-    said = [m for phase in session.phases for m in phase if holds(render([m]), identifier)]
-    assert [m.role for m in said] == ["tool"]
-    # early facts survive only through handoffs: no side task repeats one
-    later = render([m for phase in session.phases[2:] for m in phase])
-    for probe in session.probes:
-        if probe.kind != "planned_not_done":
-            assert not holds(later, probe.keys), probe
+    for seed in range(1, 41):
+        session = generate(kind, seed, 9)
+        whole = render([m for phase in session.phases for m in phase])
+        for probe in session.probes:
+            assert holds(whole, probe.keys), (seed, probe)
+        # the identifier is seen only in a tool's output
+        (identifier,) = (p.keys for p in session.probes if p.kind == "tool_identifier")
+        said = [m for phase in session.phases for m in phase if holds(render([m]), identifier)]
+        assert [m.role for m in said] == ["tool"], seed
+        # early facts survive only through handoffs: no side task repeats one
+        later = render([m for phase in session.phases[2:] for m in phase])
+        for probe in session.probes:
+            if probe.kind != "planned_not_done":
+                assert not holds(later, probe.keys), (seed, probe)
 
 
 def test_the_scoring_on_known_answers() -> None:

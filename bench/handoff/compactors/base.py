@@ -27,7 +27,7 @@ class Endpoint:
     api_key: str = "no-key"
 
 
-DEFAULT_HANDOFF_TOKENS = 512
+DEFAULT_HANDOFF_TOKENS = 256
 DEFAULT_KEEP_TOKENS = 160
 
 
