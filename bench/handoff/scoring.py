@@ -54,13 +54,16 @@ def questions_prompt(context: str, probes: Sequence[Probe]) -> str:
         f"{context}\n</conversation>\n\nYou are that agent. Answer each question from the "
         "conversation alone, on its own line, numbered as asked, as briefly as possible: the "
         "exact identifier, file, command or value where one is asked. If the conversation "
-        "does not say, answer 'unknown'.\n\n"
+        "does not say, answer 'unknown'. Reply with one line a question, each starting with "
+        "its number.\n\n"
         f"{asked}"
     )
 
 
 def parse_answers(reply: str, count: int) -> list[str]:
-    """The reply's answers by number (1..count); a missing one is empty."""
+    """The reply's answers by number (1..count); a missing one is empty. A reply with no
+    numbers at all (small models often answer one line a question, unnumbered) is read a
+    line a question, in order."""
     answers = [""] * count
     current: int | None = None
     for line in reply.splitlines():
@@ -70,6 +73,9 @@ def parse_answers(reply: str, count: int) -> list[str]:
             answers[current] = match.group(2).strip()
         elif current is not None and line.strip():
             answers[current] = f"{answers[current]} {line.strip()}".strip()
+    if current is None:
+        lines = [line.strip() for line in reply.splitlines() if line.strip()]
+        answers = (lines + [""] * count)[:count]
     return answers
 
 

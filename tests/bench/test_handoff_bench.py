@@ -108,6 +108,8 @@ def test_the_scoring_on_known_answers() -> None:
     assert answered == {"constraint", "file_touched", "decision", "repro_command", "updated_value"}
     assert scores["planned_not_done"].false_done
     assert not score(session.probes, "", ["no"] * 8)[5].false_done
+    # unnumbered, one line a question: read in order
+    assert parse_answers("unknown\nyes\n", 3) == ["unknown", "yes", ""]
     assert says_yes("No, not yet.") is False
     assert says_yes("unknown") is None
     # a key matches whole words only
