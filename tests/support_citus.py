@@ -10,6 +10,7 @@ distributes the schema (episodic/store/postgres/citus.py).
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass
 
@@ -180,10 +181,20 @@ async def empty_distributed_database(coordinator: str, name: str) -> None:
 
 
 async def drop_distributed_database(coordinator: str, name: str) -> None:
+    """Drop the database on every node. FORCE ends client sessions, not Citus's maintenance
+    daemon, which may be connected to it for a moment (recovering two-phase commits): then
+    the drop is tried again, for up to 30 s."""
     admin = await asyncpg.connect(_on(coordinator))
     try:
         await admin.execute("SET citus.enable_create_database_propagation = on")
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        for attempt in range(60):
+            try:
+                await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                return
+            except asyncpg.ObjectInUseError:
+                if attempt == 59:
+                    raise
+                await asyncio.sleep(0.5)
     finally:
         await admin.close()
 

@@ -364,12 +364,16 @@ async def _zombie_round(
 
 # ---- 4. no session idle in transaction while the summarizer runs -----------------------------
 
+# Not Citus's own connections (application_name "citus_internal gpid=..."): its maintenance
+# daemon recovers two-phase commits over one to the coordinator itself, a transaction of its
+# own at any moment. A worker's transaction would show on the worker's own session anyway.
 SAMPLE = """
 SELECT pid, state, xact_start IS NOT NULL AS in_transaction,
        extract(epoch FROM clock_timestamp() - state_change) AS state_seconds, query
   FROM pg_stat_activity
  WHERE datname = current_database() AND pid <> pg_backend_pid()
    AND backend_type = 'client backend'
+   AND coalesce(application_name, '') NOT LIKE 'citus\\_internal gpid=%'
 """
 
 
