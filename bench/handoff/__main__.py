@@ -61,6 +61,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep-tokens", type=int, default=DEFAULT_KEEP_TOKENS)
     p.add_argument("--seed", type=int, default=1, help="the first replicate's seed")
     p.add_argument("--output", type=Path, default=REPORT, help="the report (default: %(default)s)")
+    p.add_argument(
+        "--render-only",
+        action="store_true",
+        help="run nothing: rewrite the report and plot from the JSON beside --output",
+    )
     args = p.parse_args(argv)
     args.argv = argv
     args.kinds = args.kinds or (["coding"] if args.quick else list(SESSION_KINDS))
@@ -98,8 +103,30 @@ def facts(args: argparse.Namespace, endpoint: Endpoint, result: RunResult) -> li
     ]
 
 
+def render_only(output: Path) -> int:
+    """The report and plot again from a run's JSON (its facts, compactors and depths)."""
+    data = json.loads(output.with_suffix(".json").read_text())
+    result = RunResult.from_json(data)
+    picture = output.with_suffix(".png")
+    names = [name for name, _ in data["compactors"] if name not in result.skipped]
+    drew = plot(result, names, data["depths"], picture)
+    output.write_text(
+        markdown(
+            result,
+            compactors=[tuple(c) for c in data["compactors"]],
+            depths=data["depths"],
+            facts=data["facts"],
+            plot_name=picture.name if drew else None,
+        )
+    )
+    print(f"wrote {output}" + (f" and {picture}" if drew else " (no matplotlib: no plot)"))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render_only:
+        return render_only(args.output)
     if args.endpoint is None:
         try:
             base_url = local_model.serve(args.port)
@@ -126,16 +153,18 @@ def main(argv: list[str] | None = None) -> int:
         result.skipped.update(skipped)
         described = [(name, _describe(name, classes, skipped)) for name in args.compactors]
         drew = plot(result, [c.name for c in classes], args.depths, picture)
+        said = facts(args, endpoint, result)
         output.write_text(
             markdown(
                 result,
                 compactors=described,
                 depths=args.depths,
-                facts=facts(args, endpoint, result),
+                facts=said,
                 plot_name=picture.name if drew else None,
             )
         )
-        raw.write_text(json.dumps(result.to_json(), indent=1))
+        run = {"facts": said, "compactors": described, "depths": args.depths}
+        raw.write_text(json.dumps({**run, **result.to_json()}, indent=1))
 
     result = asyncio.run(
         run(

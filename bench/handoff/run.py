@@ -59,6 +59,16 @@ class RunResult:
             "seconds": self.seconds,
         }
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunResult:
+        measurements = [
+            Measurement(**{**m, "scores": tuple(ProbeScore(**s) for s in m["scores"]),
+                           "answers": tuple(m["answers"])})
+            for m in data["measurements"]
+        ]  # fmt: skip
+        failures = [tuple(f) for f in data["failures"]]
+        return cls(measurements, dict(data["skipped"]), failures, float(data["seconds"]))  # type: ignore[arg-type]
+
 
 class Answerer:
     """The same model, asked the probes' questions about a context (temperature 0)."""

@@ -162,3 +162,7 @@ async def test_the_benchmark_end_to_end(tmp_path: Path) -> None:
         assert f"| {name} | 2 |" in report
     assert "## Depth 2, by probe kind" in report
     assert "responses.compact" in report
+    # the report again from the JSON alone: the same tables
+    output.write_text("")
+    assert main(["--render-only", "--output", str(output)]) == 0
+    assert output.read_text() == report
