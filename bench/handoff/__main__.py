@@ -19,7 +19,6 @@ import os
 import platform
 import sys
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 
 from bench.handoff import model as local_model
@@ -30,6 +29,7 @@ from bench.handoff.compactors.base import (
     Budget,
     Compactor,
     Endpoint,
+    package_version,
 )
 from bench.handoff.report import markdown, plot
 from bench.handoff.run import RunResult, run
@@ -77,13 +77,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def facts(args: argparse.Namespace, endpoint: Endpoint, result: RunResult) -> list[str]:
     label = local_model.MODEL_LABEL if args.endpoint is None else f"`{endpoint.model}`"
     return [
@@ -97,8 +90,8 @@ def facts(args: argparse.Namespace, endpoint: Endpoint, result: RunResult) -> li
         f"{args.seed}..{args.seed + args.replicates - 1}); "
         f"depths {', '.join(map(str, args.depths))}",
         f"- episodic: {episodic_source()}",
-        f"- peers: langchain {_version('langchain')}, langchain-openai "
-        f"{_version('langchain-openai')}, google-adk {_version('google-adk')}",
+        f"- peers: langchain {package_version('langchain')}, langchain-openai "
+        f"{package_version('langchain-openai')}, google-adk {package_version('google-adk')}",
         f"- command: `{command_line('bench.handoff', args.argv)}`",
     ]
 

@@ -24,13 +24,12 @@ handoff budget, ``temperature=0``, no retries).
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import json
 from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bench.handoff.compactors.base import Compactor, keep_from
+from bench.handoff.compactors.base import Compactor, keep_from, package_version
 from episodic import Message
 from episodic.formats.adk import messages_from_adk_event
 
@@ -41,18 +40,11 @@ if TYPE_CHECKING:
 AGENT = "agent"
 
 
-def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 class AdkEventSummarizer(Compactor):
     name = "adk"
     describes = (
         "google.adk.apps.llm_event_summarizer.LlmEventSummarizer "
-        f"(google-adk {_version('google-adk')})"
+        f"(google-adk {package_version('google-adk')})"
     )
 
     @classmethod

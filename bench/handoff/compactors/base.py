@@ -87,6 +87,16 @@ class Compactor(ABC):
         return self.endpoint
 
 
+def package_version(package: str) -> str:
+    """An installed distribution's version, for the report ("not installed" when absent)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def count_tokens(messages: Sequence[Message]) -> int:
     """The messages' size in tokens (cl100k, as rendered for the model), for budgets and the
     report alike."""

@@ -19,13 +19,12 @@ Settings, all else the middleware's defaults (its prompt, its approximate token 
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from bench.handoff.compactors.base import Compactor
+from bench.handoff.compactors.base import Compactor, package_version
 from episodic import Message, ToolCall
 
 if TYPE_CHECKING:
@@ -33,18 +32,12 @@ if TYPE_CHECKING:
     from langchain_core.messages import AnyMessage
 
 
-def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 class LangChainSummarization(Compactor):
     name = "langchain"
     describes = (
         "langchain.agents.middleware.SummarizationMiddleware "
-        f"(langchain {_version('langchain')}, langchain-openai {_version('langchain-openai')})"
+        f"(langchain {package_version('langchain')}, "
+        f"langchain-openai {package_version('langchain-openai')})"
     )
 
     @classmethod
