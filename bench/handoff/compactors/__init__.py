@@ -34,6 +34,8 @@ def load(name: str) -> type[Compactor] | str:
     module, _, attribute = where.partition(":")
     try:
         found: type[Compactor] = getattr(importlib.import_module(module), attribute)
-    except ImportError as exc:
+    except ModuleNotFoundError as exc:
         return f"{exc.name or exc} is not installed"
+    except ImportError as exc:  # installed, but not as this adapter expects
+        return f"cannot be imported: {exc}"
     return found
