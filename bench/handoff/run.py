@@ -74,12 +74,8 @@ class Answerer:
     """The same model, asked the probes' questions about a context (temperature 0)."""
 
     def __init__(self, endpoint: Endpoint, timeout: float) -> None:
-        from openai import AsyncOpenAI
-
         self.model = endpoint.model
-        self.client = AsyncOpenAI(
-            base_url=endpoint.base_url, api_key=endpoint.api_key, timeout=timeout, max_retries=0
-        )
+        self.client = endpoint.client(timeout)
 
     async def answer(self, context: str, session: Session) -> str:
         response = await self.client.chat.completions.create(

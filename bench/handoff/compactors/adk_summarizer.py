@@ -24,10 +24,9 @@ handoff budget, ``temperature=0``, no retries).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import AsyncGenerator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from bench.handoff.compactors.base import Compactor, keep_from, package_version
 from episodic import Message
@@ -47,12 +46,7 @@ class AdkEventSummarizer(Compactor):
         f"(google-adk {package_version('google-adk')})"
     )
 
-    @classmethod
-    def unavailable(cls) -> str | None:
-        for module in ("google.adk", "openai"):
-            if importlib.util.find_spec(module) is None:
-                return f"{module} is not installed (pip install google-adk openai)"
-        return None
+    requires: ClassVar[dict[str, str]] = {"google.adk": "google-adk", "openai": "openai"}
 
     async def open(self) -> None:
         from google.adk.apps.llm_event_summarizer import LlmEventSummarizer

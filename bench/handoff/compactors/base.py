@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from episodic import Message
 from episodic.errors import ConfigurationError
@@ -25,6 +25,15 @@ class Endpoint:
     base_url: str
     model: str
     api_key: str = "no-key"
+
+    def client(self, timeout: float) -> Any:
+        """An ``openai.AsyncOpenAI`` for this endpoint, without the SDK's own retries (a
+        failed call is a finding here, not something to hide)."""
+        from openai import AsyncOpenAI
+
+        return AsyncOpenAI(
+            base_url=self.base_url, api_key=self.api_key, timeout=timeout, max_retries=0
+        )
 
 
 DEFAULT_HANDOFF_TOKENS = 256
@@ -51,6 +60,8 @@ class Compactor(ABC):
     describes: ClassVar[str]
     #: whether it calls the model (the baselines do not)
     needs_model: ClassVar[bool] = True
+    #: the modules it imports when it runs, and what ``pip install`` brings each
+    requires: ClassVar[dict[str, str]] = {}
 
     def __init__(self, endpoint: Endpoint | None, budget: Budget) -> None:
         self.endpoint = endpoint
@@ -58,7 +69,12 @@ class Compactor(ABC):
 
     @classmethod
     def unavailable(cls) -> str | None:
-        """Why this compactor cannot run here (a package missing), or None."""
+        """Why this compactor cannot run here (a required module missing), or None."""
+        import importlib.util
+
+        for module, package in cls.requires.items():
+            if importlib.util.find_spec(module) is None:
+                return f"{module} is not installed (pip install '{package}')"
         return None
 
     async def open(self) -> None:

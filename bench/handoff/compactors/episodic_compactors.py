@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from uuid import UUID
 
 from bench.handoff.compactors.base import Compactor
@@ -30,6 +30,7 @@ WORKER = "bench:handoff"
 
 class EpisodicWorker(Compactor):
     name = "episodic"
+    requires: ClassVar[dict[str, str]] = {"openai": "openai"}
     describes = "episodic's worker: store + compact_claimed + openai summarizer + load_context"
 
     async def open(self) -> None:
@@ -115,18 +116,12 @@ class _EndpointChat:
 
 class EpisodicInRun(Compactor):
     name = "episodic_inrun"
+    requires: ClassVar[dict[str, str]] = {"openai": "openai"}
     describes = "episodic's in-run LlmCompactor (the cliver contract), keep_turns=1"
 
     async def open(self) -> None:
-        from openai import AsyncOpenAI
-
         endpoint = self.endpoint_or_fail()
-        self.client = AsyncOpenAI(
-            base_url=endpoint.base_url,
-            api_key=endpoint.api_key,
-            timeout=self.budget.timeout,
-            max_retries=0,
-        )
+        self.client = endpoint.client(self.budget.timeout)
         chat = _EndpointChat(self.client, endpoint.model, self.budget.handoff_tokens)
         # threshold 0: it compacts whenever asked (the benchmark decides when)
         self.compactor = LlmCompactor(chat, threshold_tokens=0, keep_turns=1)

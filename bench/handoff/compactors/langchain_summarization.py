@@ -19,10 +19,9 @@ Settings, all else the middleware's defaults (its prompt, its approximate token 
 
 from __future__ import annotations
 
-import importlib.util
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from bench.handoff.compactors.base import Compactor, package_version
 from episodic import Message, ToolCall
@@ -40,17 +39,10 @@ class LangChainSummarization(Compactor):
         f"langchain-openai {package_version('langchain-openai')})"
     )
 
-    @classmethod
-    def unavailable(cls) -> str | None:
-        for module, package in (
-            ("langchain", "langchain"),
-            ("langchain_openai", "langchain-openai"),
-        ):
-            if importlib.util.find_spec(module) is None:
-                return (
-                    f"{package} is not installed (pip install 'langchain>=1,<2' langchain-openai)"
-                )
-        return None
+    requires: ClassVar[dict[str, str]] = {
+        "langchain": "langchain>=1,<2",
+        "langchain_openai": "langchain-openai",
+    }
 
     async def open(self) -> None:
         from langchain.agents.middleware import SummarizationMiddleware
