@@ -46,11 +46,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "no-key"))
     p.add_argument("--port", type=int, default=local_model.DEFAULT_PORT, help="local server port")
     p.add_argument(
-        "--quick", action="store_true", help="coding sessions only, depths 1-4, 2 replicates"
+        "--quick",
+        action="store_true",
+        help="coding sessions only, depths 1-4, 2 replicates, answers at depth 4",
     )
     p.add_argument("--kinds", nargs="+", choices=SESSION_KINDS, help="session kinds (default: all)")
-    p.add_argument("--replicates", type=int, help="sessions per kind (default: 3, quick 2)")
+    p.add_argument(
+        "--replicates",
+        type=int,
+        help="sessions per kind (default: 2; with both kinds, 4 replicates at each depth)",
+    )
     p.add_argument("--depths", type=int, nargs="+", help="measured depths (default: 1 2 4 8)")
+    p.add_argument(
+        "--answer-depths",
+        type=int,
+        nargs="+",
+        help="the depths at which the model answers the probes (default: every measured "
+        "depth; --quick: the deepest)",
+    )
     p.add_argument(
         "--compactors",
         nargs="+",
@@ -69,15 +82,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.argv = argv
     args.kinds = args.kinds or (["coding"] if args.quick else list(SESSION_KINDS))
-    args.replicates = args.replicates or (2 if args.quick else 3)
+    args.replicates = args.replicates or 2
     args.depths = sorted(set(args.depths or ([1, 2, 4] if args.quick else [1, 2, 4, 8])))
+    if args.answer_depths is None and args.quick:
+        args.answer_depths = [max(args.depths)]
     args.compactors = args.compactors or list(COMPACTORS)
     if args.replicates < 1 or min(args.depths) < 1:
         p.error("--replicates and --depths must be at least 1")
     return args
 
 
-def facts(args: argparse.Namespace, endpoint: Endpoint, result: RunResult) -> list[str]:
+def facts(
+    args: argparse.Namespace, endpoint: Endpoint, result: RunResult, source: str
+) -> list[str]:
     label = local_model.MODEL_LABEL if args.endpoint is None else f"`{endpoint.model}`"
     return [
         f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; run took {result.seconds / 60:.0f} min",
@@ -88,8 +105,14 @@ def facts(args: argparse.Namespace, endpoint: Endpoint, result: RunResult) -> li
         "of the newest messages kept word for word (each compactor in its own unit)",
         f"- sessions: {', '.join(args.kinds)}; {args.replicates} replicates each (seeds "
         f"{args.seed}..{args.seed + args.replicates - 1}); "
-        f"depths {', '.join(map(str, args.depths))}",
-        f"- episodic: {episodic_source()}",
+        f"depths {', '.join(map(str, args.depths))}"
+        + (
+            f"; the model answers the probes at depth {', '.join(map(str, args.answer_depths))}"
+            " only"
+            if args.answer_depths
+            else ""
+        ),
+        f"- episodic: {source}",
         f"- peers: langchain {package_version('langchain')}, langchain-openai "
         f"{package_version('langchain-openai')}, google-adk {package_version('google-adk')}",
         f"- command: `{command_line('bench.handoff', args.argv)}`",
@@ -110,6 +133,7 @@ def render_only(output: Path) -> int:
             depths=data["depths"],
             facts=data["facts"],
             plot_name=picture.name if drew else None,
+            summarizers=data.get("summarizers", ()),
         )
     )
     print(f"wrote {output}" + (f" and {picture}" if drew else " (no matplotlib: no plot)"))
@@ -129,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         base_url = args.endpoint.rstrip("/")
     endpoint = Endpoint(base_url, args.model, args.api_key)
+    # read once, before the run: the checkout may change while a long run goes on
+    source = episodic_source()
     budget = Budget(handoff_tokens=args.handoff_tokens, keep_tokens=args.keep_tokens)
     classes: list[type[Compactor]] = []
     skipped: dict[str, str] = {}
@@ -138,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             skipped[name] = found
         else:
             classes.append(found)
+    summarizers = [cls.name for cls in classes if cls.needs_model]
     output: Path = args.output
     raw = output.with_suffix(".json")
     picture = output.with_suffix(".png")
@@ -146,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         result.skipped.update(skipped)
         described = [(name, _describe(name, classes, skipped)) for name in args.compactors]
         drew = plot(result, [c.name for c in classes], args.depths, picture)
-        said = facts(args, endpoint, result)
+        said = facts(args, endpoint, result, source)
         output.write_text(
             markdown(
                 result,
@@ -154,9 +181,15 @@ def main(argv: list[str] | None = None) -> int:
                 depths=args.depths,
                 facts=said,
                 plot_name=picture.name if drew else None,
+                summarizers=summarizers,
             )
         )
-        run = {"facts": said, "compactors": described, "depths": args.depths}
+        run = {
+            "facts": said,
+            "compactors": described,
+            "depths": args.depths,
+            "summarizers": summarizers,
+        }
         raw.write_text(json.dumps({**run, **result.to_json()}, indent=1))
 
     result = asyncio.run(
@@ -168,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             replicates=args.replicates,
             depths=args.depths,
             seed=args.seed,
+            answer_depths=args.answer_depths,
             on_measure=write,
         )
     )

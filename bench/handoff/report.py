@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bench.handoff.run import Measurement, RunResult
 from bench.handoff.sessions import PROBE_KINDS
+from episodic.compaction import DEFAULT_SUMMARY_PREFIX
 
 
 def _pct(values: Sequence[float]) -> str:
@@ -29,6 +30,15 @@ def _chains(measurements: Iterable[Measurement]) -> dict[tuple[str, int], list[M
     return found
 
 
+def _shares(
+    ms: Iterable[Measurement], attribute: str, kinds: Sequence[str] = PROBE_KINDS
+) -> list[float]:
+    """Each measurement's share of ``kinds`` with ``attribute``; the answer scores only of
+    the measurements whose model was asked."""
+    answers = attribute in ("answered", "false_done")
+    return [_share(m, attribute, kinds) for m in ms if m.asked or not answers]
+
+
 def _share(m: Measurement, attribute: str, kinds: Sequence[str] = PROBE_KINDS) -> float:
     scores = [s for s in m.scores if s.kind in kinds]
     return sum(getattr(s, attribute) for s in scores) / len(scores) if scores else 0.0
@@ -46,13 +56,15 @@ def overview(result: RunResult, compactors: Sequence[str], depths: Sequence[int]
             ms = cells.get((name, depth), [])
             if not ms:
                 continue
-            false_done = sum(s.false_done for m in ms for s in m.scores)
-            traps = sum(s.kind == "planned_not_done" for m in ms for s in m.scores)
+            asked = [m for m in ms if m.asked]
+            false_done = sum(s.false_done for m in asked for s in m.scores)
+            traps = sum(s.kind == "planned_not_done" for m in asked for s in m.scores)
             tokens = [m.context_tokens for m in ms]
             seconds = [m.compact_seconds for m in ms]
+            trapped = f"{false_done} of {traps}" if traps else "–"
             lines.append(
-                f"| {name} | {depth} | {_pct([_share(m, 'in_context') for m in ms])} "
-                f"| {_pct([_share(m, 'answered') for m in ms])} | {false_done} of {traps} "
+                f"| {name} | {depth} | {_pct(_shares(ms, 'in_context'))} "
+                f"| {_pct(_shares(ms, 'answered'))} | {trapped} "
                 f"| {statistics.fmean(tokens):,.0f} ± {statistics.pstdev(tokens):,.0f} "
                 f"| {statistics.fmean(seconds):.1f} | {len(ms)} |"
             )
@@ -69,9 +81,46 @@ def by_kind(result: RunResult, compactors: Sequence[str], depth: int, attribute:
         ms = cells.get((name, depth), [])
         if not ms:
             continue
-        row = [_pct([_share(m, attribute, (kind,)) for m in ms]) for kind in PROBE_KINDS]
+        row = [_pct(_shares(ms, attribute, (kind,))) for kind in PROBE_KINDS]
         lines.append(f"| {name} | " + " | ".join(row) + " |")
     return lines
+
+
+def losses(result: RunResult, summarizers: Sequence[str], depth: int) -> list[str]:
+    """Per probe kind at ``depth``: the compactor with a model that keeps it least (then
+    answers it least), and the start of one handoff of its that lost it, for quoting."""
+    cells = _chains(result.measurements)
+    lines = [
+        "| probe kind | kept least by | in context % | answered % | kept most by | its handoff, "
+        "where the fact was lost |",
+        "|---|---|---:|---:|---|---|",
+    ]
+    for kind in PROBE_KINDS:
+        ranked = []
+        for name in summarizers:
+            ms = cells.get((name, depth), [])
+            if ms:
+                held = statistics.fmean(_shares(ms, "in_context", (kind,)))
+                said = statistics.fmean(_shares(ms, "answered", (kind,)) or [0.0])
+                ranked.append((held, said, name, ms))
+        if not ranked:
+            continue
+        ranked.sort(key=lambda r: (r[0], r[1]))
+        held, said, worst, ms = ranked[0]
+        best = ranked[-1][2] if ranked[-1][:2] > (held, said) else "(all alike)"
+        lost = next((m for m in ms for s in m.scores if s.kind == kind and not s.in_context), None)
+        quote = _quote(lost.head) if lost is not None else "(kept in every replicate)"
+        lines.append(
+            f"| {kind.replace('_', ' ')} | {worst} | {held * 100:.0f} | {said * 100:.0f} "
+            f"| {best} | {quote} |"
+        )
+    return lines
+
+
+def _quote(text: str, limit: int = 360) -> str:
+    """The handoff's start, on one line, after episodic's fixed prefix (the same in all)."""
+    flat = " ".join(text.removeprefix(DEFAULT_SUMMARY_PREFIX).split()).replace("|", "\\|")
+    return f"“{flat[:limit]}{'...' if len(flat) > limit else ''}”"
 
 
 def plot(result: RunResult, compactors: Sequence[str], depths: Sequence[int], path: Path) -> bool:
@@ -91,12 +140,10 @@ def plot(result: RunResult, compactors: Sequence[str], depths: Sequence[int], pa
         (axes[1], "answered", "answer recall (the model answers it)"),
     ):
         for name in compactors:
-            xs = [d for d in depths if cells.get((name, d))]
+            xs = [d for d in depths if _shares(cells.get((name, d), []), attribute)]
             if not xs:
                 continue
-            ys = [
-                statistics.fmean(_share(m, attribute) for m in cells[(name, d)]) * 100 for d in xs
-            ]
+            ys = [statistics.fmean(_shares(cells[(name, d)], attribute)) * 100 for d in xs]
             axis.plot(xs, ys, marker="o", label=name)
         axis.set_xscale("log", base=2)
         axis.set_xticks(list(depths), [str(d) for d in depths])
@@ -119,7 +166,10 @@ def markdown(
     depths: Sequence[int],
     facts: Sequence[str],
     plot_name: str | None,
+    summarizers: Sequence[str] = (),
 ) -> str:
+    """The report; ``summarizers`` are the compactors that call the model (the section on
+    where each probe kind is lost compares those)."""
     names = [name for name, _ in compactors if name not in result.skipped]
     lines = [
         "# What survives a compaction",
@@ -149,6 +199,18 @@ def markdown(
     lines += ["## By depth", "", *overview(result, names, depths), ""]
     if plot_name:
         lines += [f"![recall against depth]({plot_name})", ""]
+    deepest = max(depths)
+    lost = losses(result, [n for n in names if n in summarizers], deepest)
+    if len(lost) > 2:
+        lines += [
+            f"## Where each probe kind is lost, at depth {deepest}",
+            "",
+            "Among the compactors that call the model: which keeps each kind of fact least "
+            "(ties: which answers it least), and the start of one of its handoffs that lost it.",
+            "",
+            *lost,
+            "",
+        ]
     for depth in depths:
         lines += [
             f"## Depth {depth}, by probe kind",

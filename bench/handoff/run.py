@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -40,6 +40,9 @@ class Measurement:
     #: the whole context as the model was given it, and its reply to the questions
     context: str = ""
     reply: str = ""
+    #: whether the model was asked the probes at this depth (``--quick`` asks at the
+    #: deepest only); when not, the answer scores are not measurements
+    asked: bool = True
 
 
 @dataclass(slots=True)
@@ -100,8 +103,10 @@ async def run_chain(
     depths: Sequence[int],
     answerer: Answerer,
     started: float,
+    ask: Collection[int] | None = None,
 ) -> list[Measurement]:
-    """One session under one compactor, measured at ``depths``."""
+    """One session under one compactor, measured at ``depths``; the model answers the
+    probes at the depths in ``ask`` (all measured depths when None)."""
     found = []
     await compactor.open()
     try:
@@ -117,7 +122,8 @@ async def run_chain(
                 continue
             messages = await compactor.context()
             context = render(messages)
-            reply = await answerer.answer(context, session)
+            asked = ask is None or depth in ask
+            reply = await answerer.answer(context, session) if asked else ""
             answers = parse_answers(reply, len(session.probes))
             scores = score(session.probes, context, answers)
             found.append(
@@ -133,15 +139,16 @@ async def run_chain(
                     answers=tuple(answers),
                     context=context,
                     reply=reply,
+                    asked=asked,
                 )
             )
             held = sum(s.in_context for s in scores)
-            said = sum(s.answered for s in scores)
+            said = f", answered {sum(s.answered for s in scores)}/{len(scores)}" if asked else ""
             _say(
                 started,
                 f"{session.kind} seed {session.seed} {compactor.name} depth {depth}: compacted "
                 f"in {took:.0f} s, context {found[-1].context_tokens} tokens, in context "
-                f"{held}/{len(scores)}, answered {said}/{len(scores)}",
+                f"{held}/{len(scores)}{said}",
             )
     finally:
         await compactor.close()
@@ -157,6 +164,7 @@ async def run(
     replicates: int,
     depths: Sequence[int],
     seed: int = 1,
+    answer_depths: Collection[int] | None = None,
     on_measure: Callable[[RunResult], None] | None = None,
 ) -> RunResult:
     """Every kind x replicate x compactor chain; a compactor that cannot run is skipped
@@ -180,7 +188,7 @@ async def run(
                     compactor = cls(endpoint if cls.needs_model else None, budget)
                     try:
                         result.measurements += await run_chain(
-                            compactor, session, depths, answerer, started
+                            compactor, session, depths, answerer, started, answer_depths
                         )
                     except Exception as exc:  # a failed chain is a finding, not the end
                         failure = f"{type(exc).__name__}: {exc}"[:500]

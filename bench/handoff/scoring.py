@@ -46,17 +46,18 @@ def render(messages: Sequence[Message]) -> str:
 
 
 def questions_prompt(context: str, probes: Sequence[Probe]) -> str:
-    """One user message: the context, then every probe's question, numbered."""
+    """One user message: the instructions and every probe's question, numbered, then the
+    context. The fixed part comes first so that a server which keeps the prompts it has
+    seen (llama.cpp's cache) computes it once per session, not once per context."""
     asked = "\n".join(f"{n}. {probe.question}" for n, probe in enumerate(probes, start=1))
     return (
-        "Here is the conversation of an agent session so far (its earlier part may have been "
-        "summarized):\n\n<conversation>\n"
-        f"{context}\n</conversation>\n\nYou are that agent. Answer each question from the "
-        "conversation alone, on its own line, numbered as asked, as briefly as possible: the "
-        "exact identifier, file, command or value where one is asked. If the conversation "
-        "does not say, answer 'unknown'. Reply with one line a question, each starting with "
-        "its number.\n\n"
-        f"{asked}"
+        "You are the agent of the session below (its earlier part may have been summarized). "
+        "Answer each of these questions from the conversation alone, as briefly as possible: "
+        "the exact identifier, file, command or value where one is asked. If the "
+        "conversation does not say, answer 'unknown'.\n\n"
+        f"{asked}\n\n<conversation>\n{context}\n</conversation>\n\n"
+        f"Now answer questions 1 to {len(probes)}: one line a question, each starting with "
+        "its number."
     )
 
 
@@ -79,9 +80,13 @@ def parse_answers(reply: str, count: int) -> list[str]:
     return answers
 
 
-def says_yes(answer: str) -> bool | None:
-    """True for a yes, False for a no (or "not yet"), None when it says neither."""
+def says_yes(answer: str, question: str = "") -> bool | None:
+    """True for a yes, False for a no (or "not yet"), None when it says neither. A reply
+    that repeats the question before answering it (small models do) is read after it."""
     said = normalise(answer)
+    asked = normalise(question.split("?", 1)[0])
+    if question and said.startswith(asked):
+        said = f" {said[len(asked) :]}"
     if said.startswith((" no ", " not ")) or " not yet " in said or " not been " in said:
         return False
     if said.startswith((" yes ", " it has ", " done ")):
@@ -103,7 +108,7 @@ def score(probes: Sequence[Probe], context: str, answers: Sequence[str]) -> list
     for probe, answer in zip(probes, answers, strict=True):
         in_context = holds(context, probe.keys)
         if probe.kind == "planned_not_done":
-            verdict = says_yes(answer)
+            verdict = says_yes(answer, probe.question)
             answered, false_done = verdict is False, verdict is True
         else:
             answered, false_done = holds(answer, probe.keys), False

@@ -34,9 +34,10 @@ PROBE_KINDS = (
     "updated_value",
 )
 SESSION_KINDS = ("coding", "support")
-#: lines of a side task's tool output: a side phase is about 300 tokens, so that one
-#: compaction (the last handoff and a phase) takes about 20 s on the local model here
-SIDE_LINES = 8
+#: lines of a side task's tool output: a side phase is about 180 of the local model's tokens
+#: (it reads digits one by one), so that one compaction (the instructions, the last handoff
+#: and a phase) takes about 20 s here
+SIDE_LINES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +102,8 @@ def _log_lines(rng: random.Random, service: str, lines: int) -> str:
     for i in range(lines):
         ms = rng.randrange(3, 900)
         out.append(
-            f"2026-11-{rng.randrange(10, 28)}T{rng.randrange(24):02d}:{rng.randrange(60):02d}:"
-            f"{rng.randrange(60):02d}Z {_word(rng, _LEVELS)} {service}.worker[{i}] "
+            f"{rng.randrange(24):02d}:{rng.randrange(60):02d}:{rng.randrange(60):02d} "
+            f"{_word(rng, _LEVELS)} {service}.worker[{i}] "
             f"request {_code(rng, 2, 5)} handled in {ms} ms (cache "
             f"{'hit' if rng.random() < 0.6 else 'miss'}, shard {rng.randrange(32)})"
         )
@@ -155,11 +156,11 @@ def _coding(seed: int, phases: int) -> Session:
     failing = "\n".join(
         [
             f"$ {repro}",
-            _log_lines(rng, module, 4),
+            _log_lines(rng, module, 3),
             f"FAILED tests/{module}/test_{func}.py::{test} - {module}.errors.SyncError: "
             f"{code}: entry posted twice for period {rng.randrange(2020, 2026)}-"
             f"{rng.randrange(1, 12):02d}",
-            _log_lines(rng, module, 2),
+            _log_lines(rng, module, 1),
             "1 failed, 41 passed in 3.2s",
         ]
     )
@@ -278,10 +279,10 @@ def _support(seed: int, phases: int) -> Session:
     planned = f"credit note CN-{rng.randrange(1000, 9999)}"
     lookup = "\n".join(
         [
-            _log_lines(rng, "billing", 4),
+            _log_lines(rng, "billing", 3),
             f"account {account}: plan {old_plan}, owner {title} {surname}, open ticket {ticket}",
             f"charge ch_{rng.randrange(16**8):08x}: duplicated, amount {rng.randrange(20, 400)}.00",
-            _log_lines(rng, "billing", 2),
+            _log_lines(rng, "billing", 1),
         ]
     )
     phase0 = [

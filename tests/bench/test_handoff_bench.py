@@ -21,6 +21,7 @@ import pytest
 
 from bench.handoff.__main__ import main
 from bench.handoff.compactors import COMPACTORS, load
+from bench.handoff.compactors.base import count_tokens, keep_from
 from bench.handoff.scoring import holds, parse_answers, questions_prompt, render, says_yes, score
 from bench.handoff.sessions import PROBE_KINDS, SESSION_KINDS, generate
 from tests.support_openai import FakeOpenAIServer, Reply, chat_completion
@@ -51,7 +52,7 @@ def _answers(prompt: str) -> str:
     conversation = prompt.split("<conversation>", 1)[1].split("</conversation>", 1)[0]
     flat = " ".join(conversation.split())
     out = []
-    for number, question in _QUESTION.findall(prompt.split("</conversation>", 1)[1]):
+    for number, question in _QUESTION.findall(prompt.split("<conversation>", 1)[0]):
         if "Answer yes or no" in question:
             said = "no" if re.search(r"not (written|issued) yet", flat) else "yes"
         else:
@@ -112,9 +113,29 @@ def test_the_scoring_on_known_answers() -> None:
     assert parse_answers("unknown\nyes\n", 3) == ["unknown", "yes", ""]
     assert says_yes("No, not yet.") is False
     assert says_yes("unknown") is None
+    # a reply that repeats the question is read after it
+    asked = "Has the test test_x been written yet? Answer yes or no."
+    assert says_yes("Has the test test_x been written yet? Yes", asked) is True
+    assert says_yes("Has the test test_x been written yet? No.", asked) is False
     # a key matches whole words only
     assert not holds("deploy to staging-17", ("staging-7",))
     assert questions_prompt(context, session.probes).count("\n8. ") == 1
+
+
+def test_the_newest_messages_kept_stay_in_budget_and_keep_no_result_without_its_call() -> None:
+    session = generate("coding", 3, 2)
+    messages = list(session.phases[0])
+    # phase 0 opens with a user message, a test run's call and its long output
+    assert [m.role for m in messages[:3]] == ["user", "assistant", "tool"]
+    whole = sum(count_tokens([message]) for message in messages)
+    for budget in range(0, whole + 40, 10):
+        start = keep_from(messages, budget)
+        kept = messages[start:]
+        assert kept, "the newest message is always kept"
+        assert kept[0].role != "tool", budget
+        size = sum(count_tokens([message]) for message in kept)
+        assert len(kept) == 1 or size <= budget, budget
+    assert keep_from(messages, whole) == 0
 
 
 # ---- end to end ----------------------------------------------------------------------------
@@ -161,8 +182,49 @@ async def test_the_benchmark_end_to_end(tmp_path: Path) -> None:
         assert f"| {name} | 1 |" in report
         assert f"| {name} | 2 |" in report
     assert "## Depth 2, by probe kind" in report
+    # where each kind is lost: among the compactors with a model only, a row a probe kind
+    lost = report.split("## Where each probe kind is lost, at depth 2", 1)[1].split("##")[0]
+    rows = [
+        line for line in lost.splitlines() if line.startswith("| ") and "kept least" not in line
+    ]
+    assert len(rows) == len(PROBE_KINDS)
+    assert not any(f"| {name} |" in lost for name in ("truncation", "masking", "keep_all"))
     assert "responses.compact" in report
     # the report again from the JSON alone: the same tables
     output.write_text("")
     assert main(["--render-only", "--output", str(output)]) == 0
     assert output.read_text() == report
+
+
+def test_the_runtime_is_built_for_the_instruction_sets_the_cpu_has() -> None:
+    from bench.handoff.model import BASE_CMAKE_ARGS, cmake_args
+
+    assert cmake_args("flags\t\t: fpu sse avx avx2 fma") == BASE_CMAKE_ARGS
+    avx512 = cmake_args("processor : 0\nflags : fpu avx2 avx512f avx512_vnni avx512bw\n")
+    assert avx512.startswith(BASE_CMAKE_ARGS)
+    assert "-DGGML_AVX512=ON" in avx512
+    assert "-DGGML_AVX512_VNNI=ON" in avx512
+    assert "-DGGML_AVX512_BF16=ON" not in avx512
+    # the AVX-512 extensions are not used without AVX-512 itself
+    assert cmake_args("flags : avx2 avx512_vnni") == BASE_CMAKE_ARGS
+
+
+async def test_the_model_answers_only_at_the_depths_asked(tmp_path: Path) -> None:
+    import asyncio
+
+    output = tmp_path / "HANDOFF.md"
+    async with ScriptedModel() as model:
+        args = ["--endpoint", model.base_url, "--model", "scripted", "--kinds", "coding"]
+        args += ["--replicates", "1", "--depths", "1", "2", "--answer-depths", "2"]
+        args += ["--compactors", "keep_all", "--output", str(output)]
+        assert await asyncio.to_thread(main, args) == 0
+        asked = [r for r in model.requests if "<conversation>" in json.dumps(r.json)]
+    assert len(asked) == 1
+    raw = json.loads(output.with_suffix(".json").read_text())
+    by_depth = {m["depth"]: m for m in raw["measurements"]}
+    assert (by_depth[1]["asked"], by_depth[1]["reply"]) == (False, "")
+    assert by_depth[2]["asked"]
+    report = output.read_text()
+    # context recall at both depths; answer recall and false done only where asked
+    assert "| keep_all | 1 | 100 ± 0 | – | – |" in report
+    assert "| keep_all | 2 | 100 ± 0 | 100 ± 0 | 0 of 1 |" in report

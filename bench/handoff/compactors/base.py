@@ -36,7 +36,7 @@ class Endpoint:
         )
 
 
-DEFAULT_HANDOFF_TOKENS = 256
+DEFAULT_HANDOFF_TOKENS = 160
 DEFAULT_KEEP_TOKENS = 160
 
 
@@ -135,8 +135,10 @@ _ESTIMATOR: TokenEstimator | None = None
 
 
 def keep_from(messages: Sequence[Message], keep_tokens: int) -> int:
-    """Where the newest messages worth ``keep_tokens`` begin, moved back to a user message
-    so no tool result is kept without its call (the last user turn is always kept)."""
+    """Where the newest messages worth ``keep_tokens`` begin (the newest message always),
+    moved forward past tool results whose call would be cut, so none is kept without its
+    call and the budget holds (moving back to the call could double it: a test run's
+    output is often the biggest message there is)."""
     total = 0
     start = len(messages)
     for index in range(len(messages) - 1, -1, -1):
@@ -144,6 +146,6 @@ def keep_from(messages: Sequence[Message], keep_tokens: int) -> int:
         if total > keep_tokens and start < len(messages):
             break
         start = index
-    while start > 0 and messages[start].role != "user":
-        start -= 1
+    while start < len(messages) - 1 and messages[start].role == "tool":
+        start += 1
     return start

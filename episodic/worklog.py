@@ -1,0 +1,354 @@
+"""What the log shows the agent did, derived without a model and carried across boundaries.
+
+A :class:`WorkLog` is folded from messages: the files the agent's tool calls named and the
+last thing done to each, the other changes its tools made, the commands it ran with the last
+line each printed, identifiers and error codes seen in tool output, the calls still waiting
+for a result, and the user's standing instructions. A boundary stores the log folded up to
+its cut; the next compaction folds the messages after the cut into it, so a cascade of
+compactions merges exact records instead of summarizing a summary.
+
+Everything here is read off tool calls and their results, never off what a model wrote: a
+planned edit is not a done edit. A call counts as done only once its result is in the log,
+and a result marked as an error is shown as one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Annotated
+
+from pydantic import ConfigDict, Field, JsonValue
+
+from episodic.models import EpisodicModel, Message, ToolCall
+from episodic.tokens import TokenEstimator
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+#: argument names whose value is a file the call works on
+_PATH_ARGS = ("path", "file", "file_path", "filepath", "filename", "target_file", "paths")
+#: argument names whose value is a shell command
+_COMMAND_ARGS = ("command", "cmd", "script")
+#: a result this short is an acknowledgement (a change made); a longer one is data read
+_ACK_CHARS = 80
+#: identifier-like words: letters and digits joined by - or _, with a digit somewhere
+_IDENTIFIER = re.compile(r"\b(?=[A-Za-z0-9_-]*\d)[A-Za-z][A-Za-z0-9]*(?:[-_][A-Za-z0-9]+)+\b")
+#: a log line's leading timestamp (routine chatter unless it reports a failure)
+_TIMESTAMP = re.compile(r"^\s*\[?(?:\d{4}-\d{2}-\d{2}[T ])?\d{2}:\d{2}:\d{2}")
+_FAILURE = re.compile(
+    r"\b(?:fail(?:ed|ure|s)?|errors?|exception|traceback|fatal|panic|denied|refused|"
+    r"timed? ?out|duplicat\w*|invalid|cannot|unable)\b",
+    re.IGNORECASE,
+)
+#: words that make a user's sentence a standing instruction rather than a request
+_STANDING = re.compile(
+    r"\b(?:always|never|only|do not|don't|must not|must|from now on|for this whole|"
+    r"standing rule|rule for)\b",
+    re.IGNORECASE,
+)
+_LINE_CHARS = 160
+
+
+class FileEntry(EpisodicModel):
+    """A file a tool call named: what was last done to it and how that ended."""
+
+    model_config = _FROZEN
+    path: str
+    action: str
+    times: Annotated[int, Field(ge=1)]
+    seq: int
+    outcome: str
+
+
+class ChangeEntry(EpisodicModel):
+    """A call whose result was an acknowledgement (the tool changed something)."""
+
+    model_config = _FROZEN
+    call: str
+    times: Annotated[int, Field(ge=1)]
+    seq: int
+    outcome: str
+
+
+class CommandEntry(EpisodicModel):
+    """A command a tool ran, and the last line its latest run printed."""
+
+    model_config = _FROZEN
+    command: str
+    runs: Annotated[int, Field(ge=1)]
+    seq: int
+    outcome: str
+    failed: bool
+
+
+class IdentifierEntry(EpisodicModel):
+    """An identifier or error code seen in tool output, with the line it was seen on."""
+
+    model_config = _FROZEN
+    value: str
+    line: str
+    seq: int
+    failing: bool
+    #: the command whose run printed it: its next run replaces what it printed
+    command: str | None = None
+
+
+class OpenCall(EpisodicModel):
+    """A call with no result yet (kept whole: its result may come after the next cut)."""
+
+    model_config = _FROZEN
+    id: str
+    name: str
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+    seq: int
+
+    def as_call(self) -> ToolCall:
+        return ToolCall(id=self.id, name=self.name, args=self.args)
+
+
+class Instruction(EpisodicModel):
+    model_config = _FROZEN
+    text: str
+    seq: int
+
+
+class WorkLog(EpisodicModel):
+    """The record a boundary carries (see the module docstring). Entries are kept newest
+    last; :func:`render_worklog` orders them for reading."""
+
+    model_config = _FROZEN
+    files: tuple[FileEntry, ...] = ()
+    changes: tuple[ChangeEntry, ...] = ()
+    commands: tuple[CommandEntry, ...] = ()
+    identifiers: tuple[IdentifierEntry, ...] = ()
+    open_calls: tuple[OpenCall, ...] = ()
+    instructions: tuple[Instruction, ...] = ()
+
+    def fold(self, messages: Sequence[Message]) -> WorkLog:
+        """This log with ``messages`` (oldest first) folded in. A message without a seq
+        takes its position after the newest seq seen so far."""
+        folding = _Folding(self)
+        for message in messages:
+            folding.add(message)
+        return folding.result()
+
+    @property
+    def empty(self) -> bool:
+        return not any(
+            (self.files, self.changes, self.commands, self.identifiers, self.open_calls,
+             self.instructions)
+        )  # fmt: skip
+
+
+class _Folding:
+    def __init__(self, log: WorkLog) -> None:
+        self.files = {entry.path: entry for entry in log.files}
+        self.changes = {entry.call: entry for entry in log.changes}
+        self.commands = {entry.command: entry for entry in log.commands}
+        self.identifiers = {entry.value: entry for entry in log.identifiers}
+        self.instructions = {entry.text: entry for entry in log.instructions}
+        self.open = {entry.id: entry for entry in log.open_calls}
+        entries: Iterable[FileEntry | ChangeEntry | CommandEntry | IdentifierEntry | OpenCall
+                          | Instruction] = (
+            *log.files, *log.changes, *log.commands, *log.identifiers, *log.open_calls,
+            *log.instructions,
+        )  # fmt: skip
+        self.seq = max((entry.seq for entry in entries), default=0)
+
+    def add(self, message: Message) -> None:
+        self.seq = message.seq if message.seq is not None else self.seq + 1
+        if message.role == "user":
+            self._instructions(message.text)
+        for call in message.tool_calls:
+            self.open[call.id] = OpenCall(id=call.id, name=call.name, args=call.args, seq=self.seq)
+        if message.role == "tool" and message.tool_call_id is not None:
+            waiting = self.open.pop(message.tool_call_id, None)
+            if waiting is not None:
+                self._result(waiting.as_call(), message)
+
+    def _instructions(self, text: str) -> None:
+        for sentence in _sentences(text):
+            if _STANDING.search(sentence):
+                self.instructions.pop(sentence, None)
+                self.instructions[sentence] = Instruction(text=sentence, seq=self.seq)
+
+    def _result(self, call: ToolCall, result: Message) -> None:
+        text = result.text.strip()
+        failed = result.is_error or bool(_FAILURE.search(_last_line(text)))
+        outcome = _outcome(text, result.is_error)
+        command = _command_of(call)
+        if command is not None:
+            runs = self.commands.pop(command).runs + 1 if command in self.commands else 1
+            self.commands[command] = CommandEntry(
+                command=command, runs=runs, seq=self.seq, outcome=outcome, failed=failed
+            )
+            for value in [v for v, e in self.identifiers.items() if e.command == command]:
+                del self.identifiers[value]
+        self._identifiers(text, command)
+        paths = _paths_of(call)
+        for path in paths:
+            times = self.files.pop(path).times + 1 if path in self.files else 1
+            self.files[path] = FileEntry(
+                path=path, action=call.name, times=times, seq=self.seq, outcome=outcome
+            )
+        if command is None and not paths and len(text) <= _ACK_CHARS:
+            key = _call_text(call)
+            times = self.changes.pop(key).times + 1 if key in self.changes else 1
+            self.changes[key] = ChangeEntry(call=key, times=times, seq=self.seq, outcome=outcome)
+
+    def _identifiers(self, text: str, command: str | None) -> None:
+        for line in text.splitlines():
+            failing = bool(_FAILURE.search(line))
+            if _TIMESTAMP.match(line) and not failing:
+                continue  # routine log chatter
+            for value in _IDENTIFIER.findall(line):
+                if _looks_like_path_part(line, value):
+                    continue
+                self.identifiers.pop(value, None)
+                self.identifiers[value] = IdentifierEntry(
+                    value=value,
+                    line=_clip(line.strip()),
+                    seq=self.seq,
+                    failing=failing,
+                    command=command,
+                )
+
+    def result(self) -> WorkLog:
+        return WorkLog(
+            files=tuple(self.files.values()),
+            changes=tuple(self.changes.values()),
+            commands=tuple(self.commands.values()),
+            identifiers=tuple(self.identifiers.values()),
+            open_calls=tuple(self.open.values()),
+            instructions=tuple(self.instructions.values()),
+        )
+
+
+def _sentences(text: str) -> list[str]:
+    parts = re.split(r"(?<=[.!?])\s+|\n+", text.strip())
+    return [part.strip() for part in parts if part.strip()]
+
+
+def _call_text(call: ToolCall) -> str:
+    args = ", ".join(f"{key}={_scalar(value)}" for key, value in call.args.items())
+    return _clip(f"{call.name}({args})")
+
+
+def _scalar(value: object) -> str:
+    return value if isinstance(value, str) else str(value)
+
+
+def _command_of(call: ToolCall) -> str | None:
+    for key in _COMMAND_ARGS:
+        value = call.args.get(key)
+        if isinstance(value, str) and value.strip():
+            return _clip(value.strip())
+    return None
+
+
+def _paths_of(call: ToolCall) -> list[str]:
+    found: list[str] = []
+    for key in _PATH_ARGS:
+        value = call.args.get(key)
+        values = value if isinstance(value, list) else [value]
+        found += [v.strip() for v in values if isinstance(v, str) and v.strip()]
+    return found
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _outcome(text: str, is_error: bool) -> str:
+    last = _clip(_last_line(text)) or "(no output)"
+    return f"error: {last}" if is_error else last
+
+
+def _looks_like_path_part(line: str, value: str) -> bool:
+    """``test_sync_entries_42`` inside ``tests/x/test_sync_entries_42.py``: part of a path,
+    which the files and commands already carry."""
+    at = line.find(value)
+    before = line[at - 1] if at > 0 else ""
+    after = line[at + len(value) : at + len(value) + 1]
+    return (before != "" and before in "/.") or (after != "" and after in "/.")
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _LINE_CHARS else text[: _LINE_CHARS - 3] + "..."
+
+
+# ---- rendering -----------------------------------------------------------------------------
+
+WORKLOG_HEADER = "What the log shows (recorded from tool calls and their results, not summarized):"
+
+
+def render_worklog(log: WorkLog, budget: int, estimator: TokenEstimator) -> str:
+    """The log as sections for the handoff, within ``budget`` tokens: within each section
+    the most relevant first (failures, then the most touched and the newest), and a count of
+    the entries left out. Empty when the log is empty or the budget holds no entry."""
+    sections = [
+        ("Standing instructions from the user", [
+            f"- {i.text}" for i in sorted(log.instructions, key=lambda i: -i.seq)
+        ]),
+        ("Files", [
+            f"- {f.path}: {f.action}" + (f" x{f.times}" if f.times > 1 else "") + f" -> {f.outcome}"
+            for f in sorted(log.files, key=lambda f: (-f.times, -f.seq))
+        ]),
+        ("Commands run (the last line of the latest run)", [
+            f"- `{c.command}`" + (f" x{c.runs}" if c.runs > 1 else "") + f" -> {c.outcome}"
+            for c in sorted(log.commands, key=lambda c: (not c.failed, -c.seq))
+        ]),
+        ("Errors and identifiers seen in tool output", _identifier_lines(log.identifiers)),
+        ("Changes made by tools", [
+            f"- {c.call}" + (f" x{c.times}" if c.times > 1 else "") + f" -> {c.outcome}"
+            for c in sorted(log.changes, key=lambda c: (-c.times, -c.seq))
+        ]),
+        ("Tool calls still waiting for a result", [
+            f"- {_call_text(c.as_call())}" for c in sorted(log.open_calls, key=lambda c: -c.seq)
+        ]),
+    ]  # fmt: skip
+    lines = [WORKLOG_HEADER]
+    used = estimator.count(WORKLOG_HEADER)
+    left_out = 0
+    for title, entries in sections:
+        if not entries:
+            continue
+        heading = f"{title}:"
+        taken: list[str] = []
+        for entry in entries:
+            cost = estimator.count(entry) + (0 if taken else estimator.count(heading))
+            if used + cost > budget:
+                left_out += len(entries) - len(taken)
+                break
+            taken.append(entry)
+            used += cost
+        if taken:
+            lines += [heading, *taken]
+    if len(lines) == 1:
+        return ""
+    if left_out:
+        lines.append(f"({left_out} more left out for space; the log holds them.)")
+    return "\n".join(lines)
+
+
+def _identifier_lines(identifiers: Sequence[IdentifierEntry]) -> list[str]:
+    """A line per line of output, naming every identifier seen on it: failures first, then
+    the newest."""
+    by_line: dict[str, list[IdentifierEntry]] = {}
+    for entry in sorted(identifiers, key=lambda i: (not i.failing, -i.seq)):
+        by_line.setdefault(entry.line, []).append(entry)
+    return [f"- {', '.join(e.value for e in entries)}: {line}" for line, entries in by_line.items()]
+
+
+__all__ = [
+    "WORKLOG_HEADER",
+    "ChangeEntry",
+    "CommandEntry",
+    "FileEntry",
+    "IdentifierEntry",
+    "Instruction",
+    "OpenCall",
+    "WorkLog",
+    "render_worklog",
+]
