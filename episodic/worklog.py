@@ -15,8 +15,8 @@ and a result marked as an error is shown as one.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
-from typing import Annotated
+from collections.abc import Sequence
+from typing import Annotated, TypeAlias, TypeVar
 
 from pydantic import ConfigDict, Field, JsonValue
 
@@ -132,12 +132,10 @@ class WorkLog(EpisodicModel):
             folding.add(message)
         return folding.result()
 
-    @property
-    def empty(self) -> bool:
-        return not any(
-            (self.files, self.changes, self.commands, self.identifiers, self.open_calls,
-             self.instructions)
-        )  # fmt: skip
+
+_Dated: TypeAlias = (
+    FileEntry | ChangeEntry | CommandEntry | IdentifierEntry | OpenCall | Instruction
+)
 
 
 class _Folding:
@@ -148,12 +146,11 @@ class _Folding:
         self.identifiers = {entry.value: entry for entry in log.identifiers}
         self.instructions = {entry.text: entry for entry in log.instructions}
         self.open = {entry.id: entry for entry in log.open_calls}
-        entries: Iterable[FileEntry | ChangeEntry | CommandEntry | IdentifierEntry | OpenCall
-                          | Instruction] = (
-            *log.files, *log.changes, *log.commands, *log.identifiers, *log.open_calls,
-            *log.instructions,
+        groups: tuple[Sequence[_Dated], ...] = (
+            log.files, log.changes, log.commands, log.identifiers, log.open_calls,
+            log.instructions,
         )  # fmt: skip
-        self.seq = max((entry.seq for entry in entries), default=0)
+        self.seq = max((entry.seq for group in groups for entry in group), default=0)
 
     def add(self, message: Message) -> None:
         self.seq = message.seq if message.seq is not None else self.seq + 1
@@ -169,8 +166,7 @@ class _Folding:
     def _instructions(self, text: str) -> None:
         for sentence in _sentences(text):
             if _STANDING.search(sentence):
-                self.instructions.pop(sentence, None)
-                self.instructions[sentence] = Instruction(text=sentence, seq=self.seq)
+                _newest(self.instructions, sentence, Instruction(text=sentence, seq=self.seq))
 
     def _result(self, call: ToolCall, result: Message) -> None:
         text = result.text.strip()
@@ -178,23 +174,31 @@ class _Folding:
         outcome = _outcome(text, result.is_error)
         command = _command_of(call)
         if command is not None:
-            runs = self.commands.pop(command).runs + 1 if command in self.commands else 1
-            self.commands[command] = CommandEntry(
-                command=command, runs=runs, seq=self.seq, outcome=outcome, failed=failed
+            runs = self.commands[command].runs + 1 if command in self.commands else 1
+            _newest(
+                self.commands,
+                command,
+                CommandEntry(
+                    command=command, runs=runs, seq=self.seq, outcome=outcome, failed=failed
+                ),
             )
             for value in [v for v, e in self.identifiers.items() if e.command == command]:
                 del self.identifiers[value]
         self._identifiers(text, command)
         paths = _paths_of(call)
         for path in paths:
-            times = self.files.pop(path).times + 1 if path in self.files else 1
-            self.files[path] = FileEntry(
-                path=path, action=call.name, times=times, seq=self.seq, outcome=outcome
+            times = self.files[path].times + 1 if path in self.files else 1
+            _newest(
+                self.files,
+                path,
+                FileEntry(path=path, action=call.name, times=times, seq=self.seq, outcome=outcome),
             )
         if command is None and not paths and len(text) <= _ACK_CHARS:
             key = _call_text(call)
-            times = self.changes.pop(key).times + 1 if key in self.changes else 1
-            self.changes[key] = ChangeEntry(call=key, times=times, seq=self.seq, outcome=outcome)
+            times = self.changes[key].times + 1 if key in self.changes else 1
+            _newest(
+                self.changes, key, ChangeEntry(call=key, times=times, seq=self.seq, outcome=outcome)
+            )
 
     def _identifiers(self, text: str, command: str | None) -> None:
         for line in text.splitlines():
@@ -204,13 +208,16 @@ class _Folding:
             for value in _IDENTIFIER.findall(line):
                 if _looks_like_path_part(line, value):
                     continue
-                self.identifiers.pop(value, None)
-                self.identifiers[value] = IdentifierEntry(
-                    value=value,
-                    line=_clip(line.strip()),
-                    seq=self.seq,
-                    failing=failing,
-                    command=command,
+                _newest(
+                    self.identifiers,
+                    value,
+                    IdentifierEntry(
+                        value=value,
+                        line=_clip(line.strip()),
+                        seq=self.seq,
+                        failing=failing,
+                        command=command,
+                    ),
                 )
 
     def result(self) -> WorkLog:
@@ -222,6 +229,16 @@ class _Folding:
             open_calls=tuple(self.open.values()),
             instructions=tuple(self.instructions.values()),
         )
+
+
+_Entry = TypeVar("_Entry", bound=EpisodicModel)
+
+
+def _newest(entries: dict[str, _Entry], key: str, entry: _Entry) -> None:
+    """``entry`` under ``key``, moved to the newest place (a dict keeps insertion order, and
+    the log keeps its entries newest last)."""
+    entries.pop(key, None)
+    entries[key] = entry
 
 
 def _sentences(text: str) -> list[str]:
