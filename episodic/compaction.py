@@ -16,39 +16,55 @@ from typing import Annotated, Self
 from pydantic import ConfigDict, Field
 
 from episodic.models import EpisodicModel, Message, TextBlock
+from episodic.notes import (
+    NOTE_FORM,
+    Note,
+    drop_echoes,
+    merge_notes,
+    parse_notes,
+    render_notes,
+)
 from episodic.rendering import DEFAULT_REASONING_CHAR_CAP, render_message
-from episodic.tokens import TokenEstimator
+from episodic.tokens import CharHeuristic, TokenEstimator
+from episodic.worklog import WorkLog, render_instructions, render_worklog
 
 #: Recorded on every boundary; bump it whenever the prompt or prefix texts change meaning.
-PROMPT_VERSION = "episodic-handoff-1"
+PROMPT_VERSION = "episodic-handoff-2"
 
 DEFAULT_SUMMARY_PREFIX = (
-    "[Session handoff] Runtime context carried over from the earlier part of this session so "
-    "the work can continue. It is not a new instruction from the user."
+    "[Session handoff] Runtime context carried over from earlier in this session; not a new "
+    "instruction from the user."
 )
 
-DEFAULT_COMPACTION_PROMPT = """\
-Write a handoff note for the agent that will continue this exact session once the earlier \
-messages below are removed from its context. That agent will see only your note and the \
-most recent messages, so the note must let it carry on without asking again.
+_PROMPT_TEMPLATE = """\
+You write the handoff notes for an agent that continues this exact session after the \
+messages below are removed from its context. It will see only your notes, the record of the \
+tools' work (shown below, kept for you), and the user's newest messages, so it must be able to \
+carry on without asking again.
 
-Be concise and specific. No greetings, no filler, no restating these instructions. Cover:
-1. The current request in concrete terms: what the user wants done now, and what counts as done.
-2. Progress so far and the decisions taken, with the reason when it matters.
-3. Constraints and preferences the user stated or the work revealed.
-4. The files, commands, identifiers, errors and tool results needed to continue, quoted \
-exactly where precision matters.
-5. The next steps, starting with the one in progress.
+Fill in this form from the messages below. Each section is a checklist: one bullet per item, \
+at most 20 words each; copy names, values, identifiers, commands and steps exactly as \
+written; write "None" for an empty section. Add only what the notes so far do not say, and \
+be brief.
+
+{form}
 
 Some messages carry private reasoning excerpts. From those keep only durable findings, \
-evidence, decisions, approaches that failed, remaining uncertainty and open questions. Never \
-reproduce the reasoning itself, and never copy opaque, encoded or signed reasoning payloads.
+decisions and open questions; never reproduce the reasoning itself or any encoded payload.
 
-Reply with the note only; do not answer or continue the conversation."""
+Reply with the filled form only."""
 
+DEFAULT_COMPACTION_PROMPT = _PROMPT_TEMPLATE.format(
+    form="\n\n".join(f"## {heading}\n{meaning}" for heading, _, meaning in NOTE_FORM),
+)
+
+NOTES_HEADER = "Notes so far (kept as they are):"
 TRANSCRIPT_HEADER = "Session transcript, oldest first:"
 NO_SUMMARY_TEXT = "(No summary was produced for the earlier part of this session.)"
 TRUNCATION_MARKER = "\n[... cut to fit the token budget ...]\n"
+
+#: a retained text is cut to what remains only if that holds 1/MIN_CUT_SHARE of it
+MIN_CUT_SHARE = 2
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 _TokenCount = Annotated[int, Field(ge=0)]
@@ -66,6 +82,12 @@ class CompactionConfig(EpisodicModel):
     auto_compact_token_limit: _TokenCount = 300_000
     compact_request_token_limit: _TokenCount = 250_000
     recent_user_token_budget: _TokenCount = 20_000
+    #: the user's standing instructions the handoff carries word for word
+    instructions_token_budget: _TokenCount = 2_000
+    #: the handoff's notes (the model's narrative, kept across compactions)
+    notes_token_budget: _TokenCount = 4_000
+    #: the handoff's record of what the tools did (files, commands, errors, instructions)
+    worklog_token_budget: _TokenCount = 4_000
     reasoning_char_cap: _TokenCount = DEFAULT_REASONING_CHAR_CAP
     summary_prefix: Annotated[str, Field(min_length=1)] = DEFAULT_SUMMARY_PREFIX
     compaction_prompt: Annotated[str, Field(min_length=1)] = DEFAULT_COMPACTION_PROMPT
@@ -81,16 +103,33 @@ class CompactionConfig(EpisodicModel):
         auto_compact_token_limit: int | None = None,
         compact_request_token_limit: int | None = None,
         recent_user_token_budget: int | None = None,
+        instructions_token_budget: int | None = None,
+        notes_token_budget: int | None = None,
+        worklog_token_budget: int | None = None,
     ) -> Self:
         """A copy with the given limits replaced (validated like the constructor)."""
         changes = {
             "auto_compact_token_limit": auto_compact_token_limit,
             "compact_request_token_limit": compact_request_token_limit,
             "recent_user_token_budget": recent_user_token_budget,
+            "instructions_token_budget": instructions_token_budget,
+            "notes_token_budget": notes_token_budget,
+            "worklog_token_budget": worklog_token_budget,
         }
         data = self.model_dump()
         data.update({key: value for key, value in changes.items() if value is not None})
         return self.model_validate(data)
+
+
+class HandoffState(EpisodicModel):
+    """What a boundary carries for the next compaction to build on: the notes its handoff
+    shows and the record folded through its cut. Stored as JSON on the boundary
+    (:attr:`~episodic.models.BoundaryEvent.handoff_state`)."""
+
+    model_config = _FROZEN
+
+    notes: tuple[Note, ...] = ()
+    worklog: WorkLog = WorkLog()
 
 
 class CompactionRequest(EpisodicModel):
@@ -103,15 +142,29 @@ class CompactionRequest(EpisodicModel):
     omitted_messages: int
     transcript_tokens: int
     request_tokens: int
+    #: the user texts the boundary keeps word for word: a handoff need not repeat them
+    retained: tuple[str, ...] = ()
 
 
 class HandoffPlan(EpisodicModel):
-    """What survives the compaction besides the summary: recent user texts, oldest first."""
+    """What survives the compaction besides the model's reply: recent user texts (oldest
+    first), the earlier notes the reply adds to, and the record through the cut."""
 
     model_config = _FROZEN
 
     retained_user_messages: tuple[str, ...]
     summary_prefix: str
+    notes: tuple[Note, ...] = ()
+    worklog: WorkLog = WorkLog()
+    #: the seq the reply's notes are dated with (the cut)
+    notes_seq: int = 0
+    #: the prompt's instructions: a note that only copies a line of them is dropped
+    instructions_text: str = ""
+    instructions_token_budget: int = CompactionConfig.model_fields[
+        "instructions_token_budget"
+    ].default
+    notes_token_budget: int = CompactionConfig.model_fields["notes_token_budget"].default
+    worklog_token_budget: int = CompactionConfig.model_fields["worklog_token_budget"].default
 
 
 class PreparedCompaction(EpisodicModel):
@@ -130,6 +183,8 @@ class FinalizedCompaction(EpisodicModel):
 
     handoff: Message
     retained: tuple[Message, ...]
+    #: for the boundary, so the next compaction builds on it
+    state: HandoffState = HandoffState()
 
     @property
     def handoff_text(self) -> str:
@@ -162,30 +217,69 @@ def estimate_transcript_tokens(
 
 
 def prepare_compaction(
-    messages: Sequence[Message], config: CompactionConfig, estimator: TokenEstimator
+    messages: Sequence[Message],
+    config: CompactionConfig,
+    estimator: TokenEstimator,
+    *,
+    previous: HandoffState | None = None,
+    new_from: int = 0,
+    cut_seq: int = 0,
 ) -> PreparedCompaction | None:
     """``None`` while ``messages`` are below the limit; otherwise the summarizer request and
-    the handoff plan (see the module docstring)."""
+    the handoff plan (see the module docstring).
+
+    ``previous`` is the state of the boundary ``messages`` start from, and ``messages[new_from:]``
+    what came after it: only those are shown to the model, beside the notes so far, and folded
+    into the record. Without it, every message is (the handoff of a boundary that carries no
+    state is then read as a message like the others).
+    """
     rendered = [render_message(m, reasoning_char_cap=config.reasoning_char_cap) for m in messages]
     costs = [estimator.count(text) for text in rendered]
     transcript_tokens = sum(costs)
     if not messages or not should_compact(transcript_tokens, config):
         return None
-    first_kept = _first_message_within_cap(
-        costs, estimator.count(f"{config.compaction_prompt}\n\n{TRANSCRIPT_HEADER}"), config
-    )
-    prompt = _build_prompt(config.compaction_prompt, rendered[first_kept:], omitted=first_kept)
-    request = CompactionRequest(
-        prompt=prompt,
-        source_messages=len(messages) - first_kept,
-        omitted_messages=first_kept,
-        transcript_tokens=transcript_tokens,
-        request_tokens=estimator.count(prompt),
+    new = new_from if previous is not None else 0
+    state = previous or HandoffState()
+    worklog = state.worklog.fold(
+        [m for m in messages[new:] if not user_text(m).startswith(config.summary_prefix)]
     )
     retained = select_retained_user_messages(
         messages, config.recent_user_token_budget, estimator, summary_prefix=config.summary_prefix
     )
-    plan = HandoffPlan(retained_user_messages=retained, summary_prefix=config.summary_prefix)
+    notes, _ = render_notes(state.notes, config.notes_token_budget, estimator)
+    head = "\n\n".join(
+        part
+        for part in (
+            config.compaction_prompt,
+            render_instructions(worklog, config.instructions_token_budget, estimator),
+            notes and f"{NOTES_HEADER}\n{notes}",
+            render_worklog(worklog, config.worklog_token_budget, estimator),
+        )
+        if part
+    )
+    first_kept = new + _first_message_within_cap(
+        costs[new:], estimator.count(f"{head}\n\n{TRANSCRIPT_HEADER}"), config
+    )
+    prompt = _build_prompt(head, rendered[first_kept:], omitted=first_kept - new)
+    request = CompactionRequest(
+        prompt=prompt,
+        source_messages=len(messages) - first_kept,
+        omitted_messages=first_kept - new,
+        transcript_tokens=sum(costs[new:]),
+        request_tokens=estimator.count(prompt),
+        retained=retained,
+    )
+    plan = HandoffPlan(
+        retained_user_messages=retained,
+        summary_prefix=config.summary_prefix,
+        notes=state.notes,
+        worklog=worklog,
+        notes_seq=cut_seq,
+        instructions_text=config.compaction_prompt,
+        instructions_token_budget=config.instructions_token_budget,
+        notes_token_budget=config.notes_token_budget,
+        worklog_token_budget=config.worklog_token_budget,
+    )
     return PreparedCompaction(request=request, plan=plan)
 
 
@@ -204,8 +298,8 @@ def _first_message_within_cap(
     return first
 
 
-def _build_prompt(instructions: str, rendered: Sequence[str], *, omitted: int) -> str:
-    parts = [instructions, TRANSCRIPT_HEADER]
+def _build_prompt(head: str, rendered: Sequence[str], *, omitted: int) -> str:
+    parts = [head, TRANSCRIPT_HEADER]
     if omitted:
         noun = "message was" if omitted == 1 else "messages were"
         parts.append(
@@ -226,7 +320,9 @@ def select_retained_user_messages(
 
     Walks the whole transcript newest to oldest, skipping non-user messages, empty texts and
     earlier handoffs. Each text is taken whole while it fits; the first that does not is cut
-    to what remains, and selection stops there so the kept texts stay contiguous in time.
+    to what remains when that holds at least half of it (the newest text always), and
+    selection stops there so the kept texts stay contiguous in time. A smaller piece would be
+    a fragment that says nothing and costs its tokens.
     """
     kept: list[str] = []
     remaining = budget
@@ -241,7 +337,9 @@ def select_retained_user_messages(
             kept.append(text)
             remaining -= cost
             continue
-        kept.append(truncate_to_token_budget(text, remaining, estimator))
+        room = remaining - estimator.count(TRUNCATION_MARKER)  # what the piece can hold
+        if not kept or room * MIN_CUT_SHARE >= cost:
+            kept.append(truncate_to_token_budget(text, remaining, estimator))
         break
     kept.reverse()
     return tuple(kept)
@@ -257,15 +355,29 @@ def user_text(message: Message) -> str:
     return "\n".join(block.text for block in message.content if isinstance(block, TextBlock))
 
 
-def finalize_compaction(plan: HandoffPlan, summary: str) -> FinalizedCompaction:
-    """The handoff message (prefix, newline, trimmed summary) and the retained user messages.
+def finalize_compaction(
+    plan: HandoffPlan, summary: str, estimator: TokenEstimator | None = None
+) -> FinalizedCompaction:
+    """The handoff message and the retained user messages.
 
-    An empty summary becomes :data:`NO_SUMMARY_TEXT`, so a handoff always says something.
+    The handoff is the prefix, then the user's standing instructions and the notes (the
+    earlier ones and those the reply adds), then the record of the tools' work, each within
+    its budget; instructions the retained messages hold are not repeated. A reply with no
+    notes and nothing else to say becomes :data:`NO_SUMMARY_TEXT`, so a handoff always says
+    something.
     """
-    body = summary.strip() or NO_SUMMARY_TEXT
+    estimator = estimator or CharHeuristic()
+    instructions = render_instructions(
+        plan.worklog, plan.instructions_token_budget, estimator, shown=plan.retained_user_messages
+    )
+    record = render_worklog(plan.worklog, plan.worklog_token_budget, estimator)
+    added = drop_echoes(parse_notes(summary, seq=plan.notes_seq), (plan.instructions_text, record))
+    notes, kept = render_notes(merge_notes(plan.notes, added), plan.notes_token_budget, estimator)
+    body = "\n\n".join(part for part in (instructions, notes, record) if part) or NO_SUMMARY_TEXT
     handoff = Message.user(f"{plan.summary_prefix}\n{body}")
     retained = tuple(Message.user(text) for text in plan.retained_user_messages)
-    return FinalizedCompaction(handoff=handoff, retained=retained)
+    state = HandoffState(notes=kept, worklog=plan.worklog)
+    return FinalizedCompaction(handoff=handoff, retained=retained, state=state)
 
 
 def truncate_to_token_budget(text: str, budget: int, estimator: TokenEstimator) -> str:
@@ -324,6 +436,7 @@ def _decode(data: bytes) -> str:
 __all__ = [
     "DEFAULT_COMPACTION_PROMPT",
     "DEFAULT_SUMMARY_PREFIX",
+    "NOTES_HEADER",
     "NO_SUMMARY_TEXT",
     "PROMPT_VERSION",
     "TRANSCRIPT_HEADER",
@@ -332,6 +445,7 @@ __all__ = [
     "CompactionRequest",
     "FinalizedCompaction",
     "HandoffPlan",
+    "HandoffState",
     "PreparedCompaction",
     "estimate_transcript_tokens",
     "finalize_compaction",

@@ -564,6 +564,9 @@ class BoundaryEvent(_EventBase):
     #: A framework's own record of what the boundary stands for, kept as given for its
     #: integration (Google ADK: the compaction events its sessions show in the cut's place)
     native_handoff: dict[str, JsonValue] | None = None
+    #: What the worker's next compaction builds on (``episodic.compaction.HandoffState``):
+    #: the handoff's notes and the record of what the tools did, folded through the cut
+    handoff_state: dict[str, JsonValue] | None = None
 
 
 class RetractionEvent(_EventBase):

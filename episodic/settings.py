@@ -103,6 +103,19 @@ class EpisodicSettings(BaseSettings):
     recent_user_token_budget: int = Field(
         default=20_000, ge=0, description="Recent user messages kept verbatim after a boundary."
     )
+    instructions_token_budget: int = Field(
+        default=2_000,
+        ge=0,
+        description="The user's standing instructions each handoff carries word for word.",
+    )
+    notes_token_budget: int = Field(
+        default=4_000, ge=0, description="The handoff's notes, kept across compactions."
+    )
+    worklog_token_budget: int = Field(
+        default=4_000,
+        ge=0,
+        description="The handoff's record of files, commands and errors, read from the log.",
+    )
 
     summarizer: Literal["extractive", "openai"] = Field(
         default="extractive",
@@ -188,6 +201,9 @@ class EpisodicSettings(BaseSettings):
         return CompactionConfig().with_limits(
             compact_request_token_limit=self.compact_request_token_limit,
             recent_user_token_budget=self.recent_user_token_budget,
+            instructions_token_budget=self.instructions_token_budget,
+            notes_token_budget=self.notes_token_budget,
+            worklog_token_budget=self.worklog_token_budget,
         )
 
     def trigger_config(self) -> EpisodicCompactionConfig:

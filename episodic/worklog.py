@@ -47,6 +47,11 @@ _STANDING = re.compile(
     re.IGNORECASE,
 )
 _LINE_CHARS = 160
+#: the characters of an output line kept around an identifier seen on it
+_AROUND_CHARS = 64
+#: the newest entries a section keeps (a boundary stores the log: it must not grow without
+#: bound; older entries are still in the log itself)
+MAX_ENTRIES = 100
 
 
 class FileEntry(EpisodicModel):
@@ -205,15 +210,17 @@ class _Folding:
             failing = bool(_FAILURE.search(line))
             if _TIMESTAMP.match(line) and not failing:
                 continue  # routine log chatter
-            for value in _IDENTIFIER.findall(line):
-                if _looks_like_path_part(line, value):
-                    continue
+            values = [v for v in _IDENTIFIER.findall(line) if not _looks_like_path_part(line, v)]
+            # One excerpt per line, around its first identifier, so the identifiers seen on
+            # one line are shown together on it.
+            excerpt = _around(line.strip(), values[0]) if values else ""
+            for value in values:
                 _newest(
                     self.identifiers,
                     value,
                     IdentifierEntry(
                         value=value,
-                        line=_clip(line.strip()),
+                        line=excerpt,
                         seq=self.seq,
                         failing=failing,
                         command=command,
@@ -221,13 +228,16 @@ class _Folding:
                 )
 
     def result(self) -> WorkLog:
+        def newest(entries: dict[str, _Entry]) -> tuple[_Entry, ...]:
+            return tuple(entries.values())[-MAX_ENTRIES:]
+
         return WorkLog(
-            files=tuple(self.files.values()),
-            changes=tuple(self.changes.values()),
-            commands=tuple(self.commands.values()),
-            identifiers=tuple(self.identifiers.values()),
-            open_calls=tuple(self.open.values()),
-            instructions=tuple(self.instructions.values()),
+            files=newest(self.files),
+            changes=newest(self.changes),
+            commands=newest(self.commands),
+            identifiers=newest(self.identifiers),
+            open_calls=newest(self.open),
+            instructions=newest(self.instructions),
         )
 
 
@@ -291,32 +301,57 @@ def _looks_like_path_part(line: str, value: str) -> bool:
     return (before != "" and before in "/.") or (after != "" and after in "/.")
 
 
+def _around(line: str, value: str) -> str:
+    """The part of ``line`` around ``value``: the words that say what it is, not the whole
+    line (a test runner's failure line repeats the test's path before the error)."""
+    if len(line) <= _AROUND_CHARS:
+        return line
+    at = line.find(value)
+    start = max(0, min(at - _AROUND_CHARS // 4, len(line) - _AROUND_CHARS))
+    piece = line[start : start + _AROUND_CHARS]
+    return ("..." if start else "") + piece + ("..." if start + _AROUND_CHARS < len(line) else "")
+
+
 def _clip(text: str) -> str:
     return text if len(text) <= _LINE_CHARS else text[: _LINE_CHARS - 3] + "..."
 
 
 # ---- rendering -----------------------------------------------------------------------------
 
-WORKLOG_HEADER = "What the log shows (recorded from tool calls and their results, not summarized):"
+WORKLOG_HEADER = "Record of the tools' work (read from the log, not summarized):"
+INSTRUCTIONS_HEADER = "The user's standing instructions (word for word):"
+
+
+def render_instructions(
+    log: WorkLog, budget: int, estimator: TokenEstimator, *, shown: Sequence[str] = ()
+) -> str:
+    """The user's standing instructions, newest first, within ``budget`` tokens; those found
+    word for word in ``shown`` (the user messages the context keeps beside the handoff) are
+    not repeated. Empty when there are none to show."""
+    beside = [" ".join(text.split()) for text in shown]
+    entries = [
+        f"- {i.text}"
+        for i in sorted(log.instructions, key=lambda i: -i.seq)
+        if not any(" ".join(i.text.split()) in text for text in beside)
+    ]
+    return _render(INSTRUCTIONS_HEADER, [("", entries)], budget, estimator)
 
 
 def render_worklog(log: WorkLog, budget: int, estimator: TokenEstimator) -> str:
-    """The log as sections for the handoff, within ``budget`` tokens: within each section
-    the most relevant first (failures, then the most touched and the newest), and a count of
-    the entries left out. Empty when the log is empty or the budget holds no entry."""
+    """The files, commands, errors, changes and waiting calls, within ``budget`` tokens:
+    within each section the most relevant first (failures, then the most touched and the
+    newest), each section's first entries before any section's later ones, and a count of the
+    entries left out. Empty when there are none or the budget holds no entry."""
     sections = [
-        ("Standing instructions from the user", [
-            f"- {i.text}" for i in sorted(log.instructions, key=lambda i: -i.seq)
-        ]),
         ("Files", [
             f"- {f.path}: {f.action}" + (f" x{f.times}" if f.times > 1 else "") + f" -> {f.outcome}"
             for f in sorted(log.files, key=lambda f: (-f.times, -f.seq))
         ]),
-        ("Commands run (the last line of the latest run)", [
+        ("Commands (the last line of the latest run)", [
             f"- `{c.command}`" + (f" x{c.runs}" if c.runs > 1 else "") + f" -> {c.outcome}"
             for c in sorted(log.commands, key=lambda c: (not c.failed, -c.seq))
         ]),
-        ("Errors and identifiers seen in tool output", _identifier_lines(log.identifiers)),
+        ("Errors and identifiers in tool output", _identifier_lines(log.identifiers)),
         ("Changes made by tools", [
             f"- {c.call}" + (f" x{c.times}" if c.times > 1 else "") + f" -> {c.outcome}"
             for c in sorted(log.changes, key=lambda c: (-c.times, -c.seq))
@@ -325,27 +360,42 @@ def render_worklog(log: WorkLog, budget: int, estimator: TokenEstimator) -> str:
             f"- {_call_text(c.as_call())}" for c in sorted(log.open_calls, key=lambda c: -c.seq)
         ]),
     ]  # fmt: skip
-    lines = [WORKLOG_HEADER]
-    used = estimator.count(WORKLOG_HEADER)
-    left_out = 0
-    for title, entries in sections:
-        if not entries:
-            continue
-        heading = f"{title}:"
-        taken: list[str] = []
-        for entry in entries:
-            cost = estimator.count(entry) + (0 if taken else estimator.count(heading))
+    return _render(WORKLOG_HEADER, sections, budget, estimator)
+
+
+def _render(
+    header: str,
+    sections: Sequence[tuple[str, Sequence[str]]],
+    budget: int,
+    estimator: TokenEstimator,
+) -> str:
+    """``header`` and the sections' entries that fit in ``budget`` (a section titled "" has
+    no heading line). Round by round: every section's first entry before any section's
+    second, so one busy section (a run of routine commands) cannot crowd out the others'
+    most relevant entries."""
+    used = estimator.count(header)
+    taken: list[list[str]] = [[] for _ in sections]
+    full = [not entries for _, entries in sections]
+    for rank in range(max((len(entries) for _, entries in sections), default=0)):
+        for index, (title, entries) in enumerate(sections):
+            if full[index] or rank >= len(entries):
+                continue
+            heading = estimator.count(f"{title}:") if title and not rank else 0
+            cost = estimator.count(entries[rank]) + heading
             if used + cost > budget:
-                left_out += len(entries) - len(taken)
-                break
-            taken.append(entry)
+                full[index] = True  # the section keeps its order: nothing after a gap
+                continue
+            taken[index].append(entries[rank])
             used += cost
-        if taken:
-            lines += [heading, *taken]
+    lines = [header]
+    for (title, _), kept in zip(sections, taken, strict=True):
+        if kept:
+            lines += [f"{title}:", *kept] if title else kept
     if len(lines) == 1:
         return ""
+    left_out = sum(len(entries) for _, entries in sections) - sum(map(len, taken))
     if left_out:
-        lines.append(f"({left_out} more left out for space; the log holds them.)")
+        lines.append(f"({left_out} more in the log.)")
     return "\n".join(lines)
 
 
@@ -359,6 +409,7 @@ def _identifier_lines(identifiers: Sequence[IdentifierEntry]) -> list[str]:
 
 
 __all__ = [
+    "INSTRUCTIONS_HEADER",
     "WORKLOG_HEADER",
     "ChangeEntry",
     "CommandEntry",
@@ -367,5 +418,6 @@ __all__ = [
     "Instruction",
     "OpenCall",
     "WorkLog",
+    "render_instructions",
     "render_worklog",
 ]

@@ -73,6 +73,8 @@ class BoundaryRequest:
     #: framework's integration to read back (Google ADK: its compaction events); episodic
     #: itself reads ``summary``.
     native_handoff: Mapping[str, Any] | None = None
+    #: What the worker's next compaction builds on (``HandoffState`` as JSON), kept as given.
+    handoff_state: Mapping[str, Any] | None = None
     #: ``handoff_items`` as the messages a load reads them as (made once, when checked)
     handoff_messages: tuple[Message, ...] = field(default=(), init=False, compare=False)
 
@@ -119,16 +121,13 @@ class BoundaryRequest:
             object.__setattr__(self, "usage", checked_usage(self.usage))
         if self.expected_last_seq is not None:
             check_int(self.expected_last_seq, field="expected_last_seq", low=0, high=MAX_SEQ)
-        if self.native_handoff is not None:
-            if not isinstance(self.native_handoff, Mapping):
-                raise ValidationError(
-                    "native_handoff must be a JSON object", field="native_handoff"
-                )
-            object.__setattr__(
-                self,
-                "native_handoff",
-                orjson.loads(encode_json(dict(self.native_handoff), what="native_handoff")),
-            )
+        for name in ("native_handoff", "handoff_state"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, Mapping):
+                raise ValidationError(f"{name} must be a JSON object", field=name)
+            object.__setattr__(self, name, orjson.loads(encode_json(dict(value), what=name)))
 
     def _check_handoff_items(self) -> None:
         items: object = self.handoff_items
@@ -157,8 +156,14 @@ class BoundaryRequest:
         so it is held to the limit on a message (``EPISODIC_MAX_MESSAGE_BYTES``)."""
         texts: list[tuple[str, object]] = [("summary", self.summary)]
         texts += [("handoff_items", item) for item in self.handoff_items or ()]
-        if self.native_handoff is not None:
-            texts.append(("native_handoff", self.native_handoff))
+        texts += [
+            (name, value)
+            for name, value in (
+                ("native_handoff", self.native_handoff),
+                ("handoff_state", self.handoff_state),
+            )
+            if value is not None
+        ]
         for field_name, value in texts:
             size = len(encode_json(value, what=field_name).encode("utf-8"))
             if size > max_summary_bytes:
@@ -262,6 +267,7 @@ def plan_boundary(
         handoff_items=cast(tuple[dict[str, JsonValue], ...] | None, handoff_items),
         handoff_token_estimates=handoff_tokens,
         native_handoff=cast(dict[str, JsonValue] | None, request.native_handoff),
+        handoff_state=cast(dict[str, JsonValue] | None, request.handoff_state),
     )
     after = counters.after_boundary(draft, tail)
     event = draft.model_copy(update={"tokens_after": after.context_tokens})
@@ -274,8 +280,9 @@ def _payload(event: BoundaryEvent) -> str:
     envelope = {"conversation_id", "seq", "created_at", "token_estimate", "kind"}
     if event.handoff_items is None:  # the worker's boundaries: no bytes for what they lack
         envelope |= {"handoff_items", "handoff_token_estimates"}
-    if event.native_handoff is None:
-        envelope.add("native_handoff")
+    envelope |= {
+        name for name in ("native_handoff", "handoff_state") if getattr(event, name) is None
+    }
     body: dict[str, Any] = event.model_dump(mode="json", exclude=envelope)
     return encode_json(body, what="boundary")
 

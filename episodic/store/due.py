@@ -32,7 +32,10 @@ OVERRIDE_KEYS = (
     "trigger_age_days",
     "trigger_age_turn_count",
 )
-MAX_THRESHOLD = 2**62
+#: The largest threshold an override may set: 2**53, the largest integer a JSON number holds
+#: exactly everywhere (above it a client's float parser rounds 2**62 + 95 down to 2**62 and
+#: believes it is within the published maximum).
+MAX_THRESHOLD = 2**53
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,7 @@ class ExtractiveSummarizer:
             parse_transcript(request.prompt),
             max_chars=self.max_chars,
             handoff_prefixes=(self.summary_prefix, COMPACTED_CONTEXT_MARKER),
+            retained=request.retained,
         )
         return SummaryResult(text=text, usage=None, model=EXTRACTIVE_MODEL)
 
@@ -72,12 +73,15 @@ def extractive_handoff(
     *,
     max_chars: int,
     handoff_prefixes: Sequence[str] = (DEFAULT_SUMMARY_PREFIX, COMPACTED_CONTEXT_MARKER),
+    retained: Sequence[str] = (),
 ) -> str:
     """The handoff text for ``transcript``, at most ``max_chars`` characters; empty when the
-    transcript has no blocks. Pure and deterministic."""
+    transcript has no blocks. Requests among ``retained`` (the user texts the boundary keeps
+    word for word beside the handoff) are not repeated. Pure and deterministic."""
     blocks = transcript.blocks
     if not blocks:
         return ""
+    kept_verbatim = {text.strip() for text in retained}
     requests: list[TranscriptBlock] = []
     handoffs: list[str] = []
     last_request_at = last_reply_at = -1
@@ -95,8 +99,9 @@ def extractive_handoff(
     tools = [b for b in blocks if b.kind == "tool"]
 
     lines = [EXTRACTIVE_TITLE]
-    if requests:
-        request = _excerpt(requests[-1].text, _share(max_chars, _REQUEST_SHARE))
+    current = requests[-1:]
+    if current and current[0].text.strip() not in kept_verbatim:
+        request = _excerpt(current[0].text, _share(max_chars, _REQUEST_SHARE))
         lines.append(f"Current request: {request}")
     if last_reply_at >= 0:
         reply = _excerpt(blocks[last_reply_at].text, _share(max_chars, _REPLY_SHARE))
@@ -110,8 +115,9 @@ def extractive_handoff(
             last = errors[-1]
             detail = _clip(_leading_lines(last.text, 3), _share(max_chars, _TOOL_ERROR_SHARE))
             lines.append(f"Last tool error ({last.tool_name}): {detail}")
-    if len(requests) > 1:
-        lines.extend(_earlier_requests(requests[:-1], _share(max_chars, _EARLIER_SHARE)))
+    earlier = [block for block in requests[:-1] if block.text.strip() not in kept_verbatim]
+    if earlier:
+        lines.extend(_earlier_requests(earlier, _share(max_chars, _EARLIER_SHARE)))
     if handoffs:
         lines.append(
             "Earlier handoff: " + _excerpt(handoffs[-1], _share(max_chars, _HANDOFF_SHARE))

@@ -16,12 +16,14 @@ from uuid import uuid4
 from episodic.compaction import (
     PROMPT_VERSION,
     CompactionConfig,
+    HandoffState,
     finalize_compaction,
     prepare_compaction,
 )
-from episodic.context import compose_context, tail_messages
+from episodic.context import Context, compose_context, tail_messages
 from episodic.errors import ConflictError, LeaseLostError, NotFoundError
 from episodic.policy import resting_cut
+from episodic.rendering import context_token_estimate
 from episodic.store import EpisodicStore
 from episodic.store.attempts import AttemptEnd, AttemptOutcome, AttemptRecord, Claim
 from episodic.store.boundaries import BoundaryRequest
@@ -43,6 +45,9 @@ class CompactionOptions:
     #: after the last failed attempt, write a deterministic extractive boundary instead of
     #: leaving the conversation dead
     fallback: bool = False
+    #: write no boundary that would not make the context smaller (the attempt ends
+    #: ``nothing_to_compact`` and says why)
+    require_smaller: bool = False
 
     def default_lease_seconds(self) -> float:
         """A lease that outlasts a summarizer call, even one that times out."""
@@ -114,10 +119,20 @@ async def compact_claimed(
             )
         )
         # The trigger already decided this conversation is due: summarize whatever its size.
+        previous, new_from = _previous_state(source)
+        if previous is not None and new_from >= len(source.messages):
+            # Nothing in view came after the boundary (only events that are no messages):
+            # the notes and the record already say all there is.
+            return await _end(
+                store, claim, record, "nothing_to_compact", AttemptEnd(clear_due=True)
+            )
         prepared = prepare_compaction(
             list(source.messages),
             options.compaction.with_limits(auto_compact_token_limit=0),
             store.estimator,
+            previous=previous,
+            new_from=new_from,
+            cut_seq=cut,
         )
         if prepared is None:
             return await _end(
@@ -144,7 +159,22 @@ async def compact_claimed(
             result = SummaryResult(text=result.text, usage=None, model="fallback:extractive")
             record = replace(record, error=error)
             outcome = "fallback"
-        finalized = finalize_compaction(prepared.plan, result.text)
+        finalized = finalize_compaction(prepared.plan, result.text, store.estimator)
+        replacing = sum(context_token_estimate(m, store.estimator) for m in finalized.messages)
+        if options.require_smaller and replacing >= source.estimated_tokens:
+            # A boundary must make the context smaller; this one would not, so it is not
+            # written, and the conversation waits until it has grown further.
+            why = (
+                f"the handoff and retained messages would take {replacing} tokens, not fewer "
+                f"than the {source.estimated_tokens} they replace; no boundary was written"
+            )
+            return await _end(
+                store,
+                claim,
+                replace(record, error=why),
+                "nothing_to_compact",
+                AttemptEnd(clear_due=True),
+            )
         record = replace(
             record,
             outcome=outcome,
@@ -165,6 +195,7 @@ async def compact_claimed(
                 lease_token=claim.lease_token,
                 prompt_version=PROMPT_VERSION,
                 tokens_before=tokens_before,
+                handoff_state=finalized.state.model_dump(mode="json"),
             ),
             attempt=record,
         )
@@ -196,6 +227,17 @@ async def compact_claimed(
         error = f"{type(exc).__name__}: {exc}"
         final = claim.attempt >= options.max_attempts
         return await _fail(store, claim, record, error, final=final, options=options, exc=exc)
+
+
+def _previous_state(source: Context) -> tuple[HandoffState | None, int]:
+    """The state the latest boundary carries for this compaction to build on, and where the
+    messages after it start in ``source``; ``(None, 0)`` for a boundary without one (written
+    by an older version, by hand, or a framework's own compaction), whose handoff is then
+    summarized with the rest."""
+    boundary = source.boundary
+    if boundary is None or boundary.handoff_state is None or boundary.handoff_items is not None:
+        return None, 0
+    return HandoffState.model_validate(boundary.handoff_state), 1 + len(boundary.retained)
 
 
 async def _fail(

@@ -380,6 +380,20 @@ async def test_worker_status_and_compact_commands(populated: Populated, workdir:
         "compact", str(populated.conversation_id), *url, cwd=workdir, env=env
     )
     assert forced.code == 0, forced.output
+    # nothing came after the boundary: there is nothing new for a handoff to say
+    assert forced.stdout.startswith("nothing_to_compact")
+    store = await EpisodicStore.open(populated.url, settings=isolated_settings())
+    try:
+        await store.append(
+            populated.conversation_id,
+            [Message.user("one more thing"), Message.assistant("Done too.")],
+        )
+    finally:
+        await store.close()
+    forced = await run_cli_async(
+        "compact", str(populated.conversation_id), *url, cwd=workdir, env=env
+    )
+    assert forced.code == 0, forced.output
     assert forced.stdout.startswith("succeeded")
     unknown = await run_cli_async("compact", str(uuid.uuid4()), *url, cwd=workdir, env=env)
     assert unknown.code == 1

@@ -14,7 +14,7 @@ from episodic.compaction import CompactionRequest
 from episodic.models import BoundaryEvent
 from episodic.policy import EpisodicCompactionConfig
 from episodic.summarizers import SummarizerError, SummaryResult
-from episodic.worker import CompactionOptions, CompactionWorker
+from episodic.worker import CompactionOptions, CompactionWorker, compact_claimed
 from episodic.worker.backoff import JITTER
 from tests.support import snapshot
 
@@ -302,7 +302,10 @@ async def test_fallback_writes_a_deterministic_boundary(
     ctx = await store.load_context(conv)
     assert ctx.boundary is not None
     assert ctx.boundary.model == "fallback:extractive"
-    assert "request 2" in ctx.boundary.summary
+    assert "Last assistant reply: answer 2" in ctx.boundary.summary
+    # the requests are kept word for word beside it, so the excerpt does not repeat them
+    assert ctx.boundary.retained == ("request 0", "request 1", "request 2")
+    assert "request 2" not in ctx.boundary.summary
     assert "boom" not in ctx.boundary.summary  # an error text is never a summary
     [attempt] = await _attempts(database_url, conv)
     assert attempt[5] == "fallback"
@@ -395,3 +398,88 @@ async def _make_retry_due_now(store: EpisodicStore, database_url: str, conv: UUI
         f"UPDATE episodic_conversations SET next_attempt_at = {value} "
         f"WHERE conversation_id = '{conv if store.dialect == 'postgresql' else conv.hex}'",
     )
+
+
+async def _compact_now(
+    store: EpisodicStore, conv: UUID, summarizer: object, *, require_smaller: bool = False
+) -> str:
+    claim = await store.claim_conversation(conv, "test-worker", lease_seconds=60)
+    assert claim is not None
+    result = await compact_claimed(
+        store,
+        summarizer,  # type: ignore[arg-type]
+        claim,
+        worker="test-worker",
+        options=CompactionOptions(require_smaller=require_smaller),
+    )
+    return result.outcome
+
+
+async def test_a_cascade_builds_on_the_previous_boundary_instead_of_summarizing_it(
+    store: EpisodicStore,
+) -> None:
+    conv = await store.create_conversation()
+    call = ToolCall(id="c1", name="run", args={"command": "pytest tests/test_sync.py -x"})
+    await store.append(
+        conv,
+        [
+            Message.user("The sync job posts twice; fix it."),
+            Message.assistant(None, tool_calls=[call]),
+            Message.tool_result(
+                "c1",
+                "10:00:01 INFO sync.worker request handled\n" * 40
+                + "FAILED - SyncError: LEDGER-E4242\n1 failed",
+                name="run",
+            ),
+            Message.assistant("Reproduced. Decision: a unique index, because retries slip."),
+        ],
+    )
+    await store.mark_run_completed(conv)
+    first = ScriptedSummarizer(
+        "## Goal\nFix the double post.\n## Decisions\n- A unique index, because retries slip."
+    )
+    assert await _compact_now(store, conv, first) == "succeeded"
+    await store.append(
+        conv,
+        [
+            Message.user("Check the search log, quickly. " + "Please. " * 30),
+            Message.assistant("The search log is quiet. " * 20),
+        ],
+    )
+    await store.mark_run_completed(conv)
+    second = ScriptedSummarizer("## Facts\n- The search log is quiet.")
+    assert await _compact_now(store, conv, second) == "succeeded"
+
+    prompt = second.requests[0].prompt
+    assert "GOAL: Fix the double post." in prompt  # the notes so far, shown as they are
+    assert "Reproduced." not in prompt  # what the first boundary covers is not sent again
+    assert "LEDGER-E4242" in prompt  # the record, carried in the boundary
+    context = await store.load_context(conv)
+    assert context.boundary is not None
+    assert context.boundary.handoff_state is not None
+    handoff = context.messages[0].text
+    for kept in (
+        "GOAL: Fix the double post.",  # written by the first compaction, kept as written
+        "DECISION: A unique index, because retries slip.",
+        "FACT: The search log is quiet.",
+        "`pytest tests/test_sync.py -x` -> 1 failed",  # from the log, not from a model
+        "LEDGER-E4242",
+    ):
+        assert kept in handoff, kept
+    texts = [message.text for message in context.messages]
+    assert len(texts) == len(set(texts))  # no text twice in one context
+
+
+async def test_a_boundary_that_would_not_make_the_context_smaller_is_not_written(
+    store: EpisodicStore, database_url: str
+) -> None:
+    conv = await store.create_conversation()
+    await store.append(conv, [Message.user("hi"), Message.assistant("hello")])
+    await store.mark_run_completed(conv)
+    verbose = ScriptedSummarizer("## Facts\n" + "- a long note about very little\n" * 20)
+    assert await _compact_now(store, conv, verbose, require_smaller=True) == "nothing_to_compact"
+    context = await store.load_context(conv)
+    assert context.boundary is None
+    assert [m.text for m in context.messages] == ["hi", "hello"]
+    [attempt] = await _attempts(database_url, conv)
+    assert "not fewer than" in str(attempt[6])  # error: why nothing was written

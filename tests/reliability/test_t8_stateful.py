@@ -151,6 +151,8 @@ class ModelEvent:
     summary: str = ""
     retained: tuple[str, ...] = ()
     reason: str = ""
+    #: written by the worker: it carries the state the next compaction builds on
+    by_worker: bool = False
 
 
 @dataclass
@@ -256,8 +258,18 @@ class Model:
         self.after_write()
         return abandoned
 
-    def boundary(self, covers: int, summary: str, retained: tuple[str, ...], reason: str) -> None:
-        self.events.append(ModelEvent("boundary", None, (), covers, summary, retained, reason))
+    def boundary(
+        self,
+        covers: int,
+        summary: str,
+        retained: tuple[str, ...],
+        reason: str,
+        *,
+        by_worker: bool = False,
+    ) -> None:
+        self.events.append(
+            ModelEvent("boundary", None, (), covers, summary, retained, reason, by_worker)
+        )
         self.due, self.due_reason, self.attempts, self.lease = False, None, 0, None
 
     def claimed(self, lease: Lease, reason: str) -> None:
@@ -341,7 +353,14 @@ class Model:
             (c for c in range(covers + 1, limit + 1) if is_safe_cut(events, c)),
             default=0,
         )
-        if cut <= covers or not self.render(through=cut):
+        rendered = self.render(through=cut)
+        if cut <= covers or not rendered:
+            return None
+        bseq = self.boundary_seq
+        # A worker's boundary carries its notes and record: a compaction after it summarizes
+        # only the messages since, and with none there is nothing to do.
+        after_worker = bseq is not None and self.events[bseq - 1].by_worker
+        if after_worker and all(role in ("handoff", "retained") for role, _, _ in rendered):
             return None
         return cut
 
@@ -662,9 +681,15 @@ def make_machine(run: Runner, store: EpisodicStore, stats: Stats) -> type[RuleBa
             if result.outcome == "succeeded":
                 assert expected_cut is not None
                 assert summarizer.calls == before + 1
-                text = (summarizer.last_text or "").strip() or NO_SUMMARY_TEXT
+                text = (summarizer.last_text or "").strip()
+                # The handoff adds the summarizer's text to the earlier notes and the record
+                # read from the log; the model takes it as written once it holds the text.
+                written = run(store.load_context(self.conv)).boundary
+                assert written is not None
+                assert written.summary.startswith(f"{DEFAULT_SUMMARY_PREFIX}\n")
+                assert text in written.summary or written.summary.endswith(NO_SUMMARY_TEXT)
                 reason = lease.claim.reason
-                model.boundary(expected_cut, f"{DEFAULT_SUMMARY_PREFIX}\n{text}", retained, reason)
+                model.boundary(expected_cut, written.summary, retained, reason, by_worker=True)
             elif result.outcome == "nothing_to_compact":
                 model.due, model.due_reason, model.attempts, model.lease = False, None, 0, None
             else:  # lease_lost with our token: released, still due, retried at once

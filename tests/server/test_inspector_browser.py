@@ -42,7 +42,7 @@ def _require_browser() -> None:
         message = f"needs {', '.join(missing)}: apt-get install chromium chromium-driver"
         if REQUIRE_EXTRAS:
             pytest.fail(f"{message}; EPISODIC_TEST_REQUIRE_EXTRAS=1", pytrace=False)
-        pytest.skip(message)
+        pytest.skip(message, allow_module_level=True)
 
 
 webdriver = require_extra("selenium.webdriver", "dev")

@@ -201,30 +201,28 @@ def test_the_newest_message_is_kept_even_when_it_alone_is_over_the_cap() -> None
     assert "x" * 4_000 in prepared.request.prompt
 
 
-def test_the_prompt_asks_for_a_concise_handoff_and_guards_private_reasoning() -> None:
+def test_the_prompt_asks_for_a_form_of_new_notes_and_guards_private_reasoning() -> None:
     prompt = DEFAULT_COMPACTION_PROMPT.lower()
     for phrase in (
-        "handoff",
+        "handoff notes",
         "this exact session",
-        "concise",
-        "current request",
-        "progress",
-        "decisions",
-        "constraints and preferences",
-        "files, commands",
-        "errors and tool results",
-        "next steps",
-        "no filler",
+        "fill in this form",
+        "## goal",
+        "## decisions",
+        "## next steps",
+        "## reproduce",
+        "## facts",
+        "exactly as written",
+        "add only what the notes so far do not say",
+        "not done until a tool result shows it",
         "durable findings",
-        "evidence",
-        "failed",
-        "uncertainty",
         "open questions",
         "never reproduce the reasoning",
-        "signed reasoning payloads",
+        "encoded payload",
     ):
         assert phrase in prompt, phrase
-    assert PROMPT_VERSION
+    assert "## done" not in prompt  # what was done is the record's to say
+    assert PROMPT_VERSION == "episodic-handoff-2"
 
 
 def test_reasoning_is_rendered_for_the_summarizer_but_native_payloads_are_not() -> None:
@@ -258,17 +256,26 @@ def test_retained_user_messages_newest_first_while_they_fit(
     assert select_retained_user_messages(messages, budget, CHARS) == retained
 
 
-def test_the_first_message_that_does_not_fit_is_truncated_and_selection_stops() -> None:
-    long = "H" * 100 + "T" * 100
+def test_a_fragment_of_less_than_half_a_message_is_not_kept() -> None:
+    long = "H" * 100 + "T" * 100  # 50 tokens, 20 of them would fit
     messages = [Message.user("older"), Message.user(long), Message.user("abcd")]
-    retained = select_retained_user_messages(messages, 21, CHARS)
+    assert select_retained_user_messages(messages, 21, CHARS) == ("abcd",)
+    # the newest message is cut to any size: the handoff's reader needs its latest words
+    (only,) = select_retained_user_messages([Message.user(long)], 5, CHARS)
+    assert TRUNCATION_MARKER.strip() in only
+
+
+def test_the_first_message_that_does_not_fit_is_truncated_and_selection_stops() -> None:
+    long = "H" * 60 + "T" * 60  # 30 tokens, 29 left for it: more than half holds text
+    messages = [Message.user("older"), Message.user(long), Message.user("abcd")]
+    retained = select_retained_user_messages(messages, 30, CHARS)
     assert len(retained) == 2
     cut, newest = retained
     assert newest == "abcd"
     assert TRUNCATION_MARKER in cut
     assert cut.startswith("H")
     assert cut.endswith("T")
-    assert len(cut.encode()) <= 4 * 20
+    assert len(cut.encode()) <= 4 * 29
 
 
 def test_non_user_messages_and_earlier_handoffs_are_never_retained() -> None:
@@ -407,3 +414,70 @@ def test_rendered_reasoning_stays_within_the_configured_cap(messages: list[Messa
             assert rendered in prepared.request.prompt
             excerpt = rendered.split("[private reasoning excerpt]\n", 1)[1]
             assert len(excerpt) <= 50
+
+
+# ---- building on the previous boundary -----------------------------------------------------
+
+FAILING_RUN = [
+    Message.user("Fix the double post. Never add a new HTTP client."),
+    Message.assistant(tool_calls=[ToolCall(id="c1", name="run", args={"command": "pytest -x"})]),
+    Message.tool_result("c1", "FAILED test_twice - SyncError: LEDGER-E4242\n1 failed", name="run"),
+    Message.assistant("Reproduced; the fix goes in src/sync.py."),
+]
+
+
+def test_a_compaction_builds_on_the_previous_notes_and_record_and_shows_only_what_is_new() -> None:
+    config = _config()
+    first = prepare_compaction(FAILING_RUN, config, CHARS, cut_seq=4)
+    assert first is not None
+    done = finalize_compaction(first.plan, "## Goal\nFix the double post.", CHARS)
+    assert [n.text for n in done.state.notes] == ["Fix the double post."]
+    assert [c.command for c in done.state.worklog.commands] == ["pytest -x"]
+
+    later = [
+        *done.messages,
+        Message.user("Check the search log."),
+        Message.assistant("The search log is quiet."),
+    ]
+    second = prepare_compaction(
+        later, config, CHARS, previous=done.state, new_from=len(done.messages), cut_seq=7
+    )
+    assert second is not None
+    prompt = second.request.prompt
+    transcript = prompt.split(TRANSCRIPT_HEADER, 1)[1]
+    assert "Check the search log." in transcript
+    assert "Reproduced" not in prompt  # summarized already: only its notes are shown
+    assert "Notes so far" in prompt
+    assert "GOAL: Fix the double post." in prompt
+    assert "LEDGER-E4242" in prompt  # the record carried from the first boundary
+    assert second.request.source_messages == 2
+
+    handoff = finalize_compaction(second.plan, "## Facts\n- The search log is quiet.", CHARS)
+    text = handoff.handoff_text
+    assert "GOAL: Fix the double post." in text  # the first compaction's note, as written
+    assert "FACT: The search log is quiet." in text
+    assert "pytest -x" in text
+    assert "LEDGER-E4242" in text
+    assert [n.seq for n in handoff.state.notes] == [4, 7]
+
+
+def test_instructions_kept_word_for_word_beside_the_handoff_are_not_repeated_in_it() -> None:
+    prepared = prepare_compaction(FAILING_RUN, _config(), CHARS)
+    assert prepared is not None
+    assert prepared.plan.retained_user_messages == (FAILING_RUN[0].text,)
+    text = finalize_compaction(prepared.plan, "", CHARS).handoff_text
+    assert "Never add a new HTTP client." not in text
+    without_retention = prepare_compaction(FAILING_RUN, _config(retained=0), CHARS)
+    assert without_retention is not None
+    text = finalize_compaction(without_retention.plan, "", CHARS).handoff_text
+    assert "Never add a new HTTP client." in text
+
+
+def test_what_the_model_says_was_done_is_not_in_the_handoff() -> None:
+    prepared = prepare_compaction(FAILING_RUN, _config(), CHARS)
+    assert prepared is not None
+    text = finalize_compaction(
+        prepared.plan, "## Next steps\n- Write the test.\n## Done\n- The test was written.", CHARS
+    ).handoff_text
+    assert "NEXT: Write the test." in text
+    assert "was written" not in text

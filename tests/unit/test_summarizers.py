@@ -511,7 +511,7 @@ SESSION = [
 
 def _prepared(messages: Sequence[Message], **limits: int) -> CompactionRequest:
     config = CompactionConfig().with_limits(
-        auto_compact_token_limit=10, recent_user_token_budget=50, **limits
+        auto_compact_token_limit=10, recent_user_token_budget=0, **limits
     )
     prepared = prepare_compaction(messages, config, CHARS)
     assert prepared is not None
@@ -534,6 +534,17 @@ async def test_extractive_handoff_of_a_realistic_session() -> None:
     assert "SECRET-REASONING" not in text
     assert "fixture path probably" not in text
     assert "Write a handoff note" not in text  # the instructions are not a message
+
+
+async def test_extractive_does_not_repeat_the_requests_the_boundary_keeps_verbatim() -> None:
+    config = CompactionConfig().with_limits(auto_compact_token_limit=10)
+    prepared = prepare_compaction(SESSION, config, CHARS)
+    assert prepared is not None
+    assert "Also add a regression test for the fixture path." in prepared.request.retained
+    text = (await ExtractiveSummarizer().summarize(prepared.request)).text
+    assert "fixture path." not in text.split("Last assistant reply")[0]
+    assert "Current request" not in text
+    assert "Earlier requests" not in text
 
 
 async def test_extractive_is_deterministic() -> None:

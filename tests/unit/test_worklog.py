@@ -7,7 +7,13 @@ from hypothesis import strategies as st
 
 from episodic import Message, ToolCall
 from episodic.tokens import CharHeuristic
-from episodic.worklog import WORKLOG_HEADER, WorkLog, render_worklog
+from episodic.worklog import (
+    INSTRUCTIONS_HEADER,
+    WORKLOG_HEADER,
+    WorkLog,
+    render_instructions,
+    render_worklog,
+)
 
 ESTIMATOR = CharHeuristic()
 
@@ -100,14 +106,26 @@ def test_the_rendering_keeps_its_budget_puts_failures_first_and_counts_what_it_l
         "edit_file(",
     ):
         assert text in whole
-    assert "left out" not in whole
+    assert "more in the log" not in whole
+    assert "never add a new HTTP client" not in whole  # instructions are rendered apart
     small = render_worklog(log, ESTIMATOR.count(whole) // 2, ESTIMATOR)
     assert ESTIMATOR.count(small) <= ESTIMATOR.count(whole) // 2 + ESTIMATOR.count(
-        "(9 more left out for space; the log holds them.)"
+        "(9 more in the log.)"
     )
-    assert "more left out for space" in small
+    assert "more in the log.)" in small
+    # every section's first entry before any section's second: the failing command is in
+    assert "1 failed, 41 passed" in small
     assert render_worklog(WorkLog(), 1_000, ESTIMATOR) == ""
     assert render_worklog(log, 1, ESTIMATOR) == ""
+
+
+def test_standing_instructions_render_apart_and_skip_what_is_shown_beside_them() -> None:
+    log = WorkLog().fold(SESSION)
+    text = render_instructions(log, 1_000, ESTIMATOR)
+    assert text.startswith(INSTRUCTIONS_HEADER)
+    assert "A rule for this session: never add a new HTTP client." in text
+    assert render_instructions(log, 1_000, ESTIMATOR, shown=[SESSION[0].text]) == ""
+    assert render_instructions(log, 3, ESTIMATOR) == ""
 
 
 _texts = st.sampled_from(

@@ -49,7 +49,16 @@ class EpisodicWorker(Compactor):
             temperature=0.0,
             max_tokens_field="max_tokens",
         )
-        config = CompactionConfig().with_limits(recent_user_token_budget=self.budget.keep_tokens)
+        # The same total as every compactor (the handoff budget and the verbatim budget,
+        # 320 tokens), split four ways: the model's notes, the user's standing instructions,
+        # the record of the tools' work, and the newest user messages.
+        handoff, keep = self.budget.handoff_tokens, self.budget.keep_tokens
+        config = CompactionConfig().with_limits(
+            notes_token_budget=handoff * 11 // 16,
+            instructions_token_budget=keep * 7 // 16,
+            worklog_token_budget=handoff * 10 // 16,
+            recent_user_token_budget=keep // 8,
+        )
         self.options = CompactionOptions(
             compaction=config, summarizer_timeout=self.budget.timeout, max_attempts=1
         )

@@ -1,0 +1,99 @@
+"""A handoff's notes: parsed from a model's form, merged across compactions, rendered within a
+budget (episodic.notes)."""
+
+from __future__ import annotations
+
+from episodic.notes import Note, drop_echoes, merge_notes, parse_notes, render_notes
+from episodic.tokens import CharHeuristic
+
+ESTIMATOR = CharHeuristic()
+
+FORM_REPLY = """\
+## Goal
+Fix the double post in the refund job.
+
+## Decisions
+- Use a unique index rather than a retry limit, because duplicates slip past the check.
+
+## Next steps
+1. Write the regression test test_refund_replay.
+2. Deploy to staging-5.
+
+## Reproduce
+None
+
+## Facts
+- **Client:** aiohttp only
+
+## Done
+- The regression test was written.
+"""
+
+
+def test_a_filled_form_becomes_notes_by_section_and_claims_of_done_work_are_dropped() -> None:
+    notes = parse_notes(FORM_REPLY, seq=9)
+    assert [(n.kind, n.text) for n in notes] == [
+        ("goal", "Fix the double post in the refund job."),
+        (
+            "decision",
+            "Use a unique index rather than a retry limit, because duplicates slip past the check.",
+        ),
+        ("next", "Write the regression test test_refund_replay."),
+        ("next", "Deploy to staging-5."),
+        ("fact", "Client: aiohttp only"),
+    ]
+    assert {n.seq for n in notes} == {9}
+
+
+def test_labelled_lines_and_prose_are_read_too() -> None:
+    notes = parse_notes("done\nSome prose first.\nDECISION: keep it\n- NEXT: ship it\nNONE", seq=1)
+    assert [(n.kind, n.text) for n in notes] == [
+        ("text", "done"),  # a bare word is prose, not the heading "Done"
+        ("text", "Some prose first."),
+        ("decision", "keep it"),
+        ("next", "ship it"),
+    ]
+
+
+def test_merging_keeps_the_earlier_notes_as_written_and_adds_each_new_text_once() -> None:
+    first = parse_notes("GOAL: fix it\nFACT: staging-8", seq=3)
+    later = parse_notes("FACT: Staging-8\nFACT: staging-5 replaces staging-8", seq=7)
+    merged = merge_notes(first, later)
+    assert [(n.text, n.seq) for n in merged] == [
+        ("fix it", 3),
+        ("staging-8", 3),
+        ("staging-5 replaces staging-8", 7),
+    ]
+
+
+def test_over_budget_the_first_and_newest_compactions_notes_are_kept_before_the_middle() -> None:
+    notes = [Note(kind="fact", text=f"fact number {seq} " + "x" * 40, seq=seq) for seq in range(6)]
+    one = ESTIMATOR.count(f"FACT: {notes[0].text}")
+    text, kept = render_notes(notes, one * 3, ESTIMATOR)
+    # distance from either end: 0 and 5 first, then 1 (written before 4)
+    assert [n.seq for n in kept] == [0, 1, 5]
+    assert text.splitlines() == [f"FACT: {n.text}" for n in kept]
+    assert render_notes(notes, 0, ESTIMATOR) == ("", ())
+
+
+def test_within_a_compaction_the_goal_and_next_steps_outrank_facts() -> None:
+    notes = parse_notes("FACT: " + "f" * 80 + "\nGOAL: fix it\nNEXT: ship it", seq=1)
+    _, kept = render_notes(notes, ESTIMATOR.count("GOAL: fix it\nNEXT: ship it") + 2, ESTIMATOR)
+    assert [n.kind for n in kept] == ["goal", "next"]
+
+
+def test_notes_that_copy_the_prompt_back_are_dropped() -> None:
+    notes = parse_notes(
+        "GOAL: What the user wants done.\n"
+        "FACT: Files:\n"
+        "FACT: src/app.py: edit_file -> ok\n"
+        'FACT: tool calls: run({"command": "ls"})\n'
+        "FACT: [user]\n"
+        "FACT: shell\n"
+        "FACT: src/app.py\n"
+        "FACT: User wants the real fix",
+        seq=1,
+    )
+    record = "Record:\nFiles:\n- src/app.py: edit_file -> ok"
+    kept = drop_echoes(notes, ("What the user wants done.", record))
+    assert [n.text for n in kept] == ["User wants the real fix"]
