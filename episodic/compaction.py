@@ -158,8 +158,8 @@ class HandoffPlan(EpisodicModel):
     worklog: WorkLog = WorkLog()
     #: the seq the reply's notes are dated with (the cut)
     notes_seq: int = 0
-    #: the prompt's instructions: a note that only copies a line of them is dropped
-    instructions_text: str = ""
+    #: the prompt the model was given: a note that only copies a line of it is dropped
+    compaction_prompt: str = ""
     instructions_token_budget: int = CompactionConfig.model_fields[
         "instructions_token_budget"
     ].default
@@ -275,7 +275,7 @@ def prepare_compaction(
         notes=state.notes,
         worklog=worklog,
         notes_seq=cut_seq,
-        instructions_text=config.compaction_prompt,
+        compaction_prompt=config.compaction_prompt,
         instructions_token_budget=config.instructions_token_budget,
         notes_token_budget=config.notes_token_budget,
         worklog_token_budget=config.worklog_token_budget,
@@ -371,7 +371,7 @@ def finalize_compaction(
         plan.worklog, plan.instructions_token_budget, estimator, shown=plan.retained_user_messages
     )
     record = render_worklog(plan.worklog, plan.worklog_token_budget, estimator)
-    added = drop_echoes(parse_notes(summary, seq=plan.notes_seq), (plan.instructions_text, record))
+    added = drop_echoes(parse_notes(summary, seq=plan.notes_seq), (plan.compaction_prompt, record))
     notes, kept = render_notes(merge_notes(plan.notes, added), plan.notes_token_budget, estimator)
     body = "\n\n".join(part for part in (instructions, notes, record) if part) or NO_SUMMARY_TEXT
     handoff = Message.user(f"{plan.summary_prefix}\n{body}")
