@@ -20,7 +20,7 @@ from episodic.compaction import (
     finalize_compaction,
     prepare_compaction,
 )
-from episodic.context import Context, compose_context, tail_messages
+from episodic.context import Context, boundary_messages, compose_context, tail_messages
 from episodic.errors import ConflictError, LeaseLostError, NotFoundError
 from episodic.policy import resting_cut
 from episodic.rendering import context_token_estimate
@@ -160,7 +160,11 @@ async def compact_claimed(
             record = replace(record, error=error)
             outcome = "fallback"
         finalized = finalize_compaction(prepared.plan, result.text, store.estimator)
-        replacing = sum(context_token_estimate(m, store.estimator) for m in finalized.messages)
+        replacing = (
+            sum(context_token_estimate(m, store.estimator) for m in finalized.messages)
+            if options.require_smaller
+            else 0
+        )
         if options.require_smaller and replacing >= source.estimated_tokens:
             # A boundary must make the context smaller; this one would not, so it is not
             # written, and the conversation waits until it has grown further.
@@ -237,7 +241,8 @@ def _previous_state(source: Context) -> tuple[HandoffState | None, int]:
     boundary = source.boundary
     if boundary is None or boundary.handoff_state is None or boundary.handoff_items is not None:
         return None, 0
-    return HandoffState.model_validate(boundary.handoff_state), 1 + len(boundary.retained)
+    state = HandoffState.model_validate(boundary.handoff_state)
+    return state, len(boundary_messages(boundary))
 
 
 async def _fail(
