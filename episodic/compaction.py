@@ -29,7 +29,7 @@ from episodic.tokens import CharHeuristic, TokenEstimator
 from episodic.worklog import WorkLog, render_instructions, render_worklog
 
 #: Recorded on every boundary; bump it whenever the prompt or prefix texts change meaning.
-PROMPT_VERSION = "episodic-handoff-2"
+PROMPT_VERSION = "episodic-handoff-3"
 
 DEFAULT_SUMMARY_PREFIX = (
     "[Session handoff] Runtime context carried over from earlier in this session; not a new "
@@ -59,6 +59,11 @@ DEFAULT_COMPACTION_PROMPT = _PROMPT_TEMPLATE.format(
 )
 
 NOTES_HEADER = "Notes so far (kept as they are):"
+#: The handoff's last line: what it summarized is still there, and where (store.search).
+RECALL_TEMPLATE = (
+    "(Everything through seq {seq} stays in the log: search the conversation for any exact "
+    "detail not kept here.)"
+)
 TRANSCRIPT_HEADER = "Session transcript, oldest first:"
 NO_SUMMARY_TEXT = "(No summary was produced for the earlier part of this session.)"
 TRUNCATION_MARKER = "\n[... cut to fit the token budget ...]\n"
@@ -364,7 +369,8 @@ def finalize_compaction(
     earlier ones and those the reply adds), then the record of the tools' work, each within
     its budget; instructions the retained messages hold are not repeated. A reply with no
     notes and nothing else to say becomes :data:`NO_SUMMARY_TEXT`, so a handoff always says
-    something.
+    something. A plan that knows its cut ends with :data:`RECALL_TEMPLATE`: the agent can
+    search the log for what the handoff left out.
     """
     estimator = estimator or CharHeuristic()
     instructions = render_instructions(
@@ -374,6 +380,8 @@ def finalize_compaction(
     added = drop_echoes(parse_notes(summary, seq=plan.notes_seq), (plan.compaction_prompt, record))
     notes, kept = render_notes(merge_notes(plan.notes, added), plan.notes_token_budget, estimator)
     body = "\n\n".join(part for part in (instructions, notes, record) if part) or NO_SUMMARY_TEXT
+    if plan.notes_seq:
+        body += "\n\n" + RECALL_TEMPLATE.format(seq=plan.notes_seq)
     handoff = Message.user(f"{plan.summary_prefix}\n{body}")
     retained = tuple(Message.user(text) for text in plan.retained_user_messages)
     state = HandoffState(notes=kept, worklog=plan.worklog)
@@ -439,6 +447,7 @@ __all__ = [
     "NOTES_HEADER",
     "NO_SUMMARY_TEXT",
     "PROMPT_VERSION",
+    "RECALL_TEMPLATE",
     "TRANSCRIPT_HEADER",
     "TRUNCATION_MARKER",
     "CompactionConfig",

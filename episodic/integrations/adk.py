@@ -58,6 +58,8 @@ from google.adk.sessions.base_session_service import (
 )
 from google.adk.sessions.session import Session
 from google.adk.sessions.state import State
+from google.adk.tools.function_tool import FunctionTool
+from google.adk.tools.tool_context import ToolContext
 from google.genai import types
 from pydantic import JsonValue
 from pydantic_core import PydanticSerializationError, to_jsonable_python
@@ -74,6 +76,11 @@ from episodic.errors import (
     ValidationError,
 )
 from episodic.formats.adk import ADK_EVENT_PROTOCOL, messages_from_adk_event
+from episodic.integrations.search import (
+    DEFAULT_TOOL_HITS,
+    SEARCH_TOOL_DESCRIPTION,
+    ConversationSearch,
+)
 from episodic.models import (
     BoundaryEvent,
     Conversation,
@@ -82,6 +89,7 @@ from episodic.models import (
     StateChange,
     StoredEvent,
 )
+from episodic.search import check_search_limit, render_hits
 from episodic.store import DEFAULT_TENANT, EpisodicStore
 from episodic.view import in_view
 
@@ -155,6 +163,24 @@ class EpisodicSessionService(BaseSessionService):
         ignoring boundaries: for ``Runner.rewind_async``, which replays deltas from the
         start."""
         return EpisodicSessionService(self.store, full_history=True)
+
+    def search_tool(self, *, limit: int = DEFAULT_TOOL_HITS) -> FunctionTool:
+        """A tool that searches the running session's whole log (tool outputs included) for
+        a few words: give it to any agent run with this service, and it can recall an exact
+        detail a compaction summarized away. It finds the session from ADK's tool context."""
+        service = self
+
+        async def search_conversation(query: str, tool_context: ToolContext) -> str:
+            session = tool_context.session
+            try:
+                _, cid = await service._live(session.app_name, session.user_id, session.id)
+            except NotFoundError:
+                return render_hits([], query)
+            return await ConversationSearch(service.store, cid, limit=limit)(query)
+
+        search_conversation.__doc__ = SEARCH_TOOL_DESCRIPTION
+        check_search_limit(limit)
+        return FunctionTool(search_conversation)
 
     def _conversation(
         self, app_name: str, user_id: str, session_id: str, generation: int = 0

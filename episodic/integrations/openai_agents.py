@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 from uuid import UUID
 
+from agents import FunctionTool, function_tool
 from agents.items import TResponseInputItem
 from agents.memory.session import (
     OpenAIResponsesCompactionArgs,
@@ -53,6 +54,7 @@ from episodic.errors import (
     UnsafeCutError,
     ValidationError,
 )
+from episodic.integrations.search import DEFAULT_TOOL_HITS, ConversationSearch
 from episodic.models import Message, MessageEvent, Usage
 from episodic.store import DEFAULT_TENANT, EpisodicStore
 from episodic.view import in_view
@@ -132,6 +134,22 @@ class EpisodicSession(SessionABC):
         if retracted is None:
             return None
         return _as_items(retracted.message.to_responses())[0]
+
+    def search_tool(self, *, limit: int = DEFAULT_TOOL_HITS) -> FunctionTool:
+        """A function tool that searches this session's whole log (tool outputs included)
+        for a few words: give it to the agent that runs with this session, and it can
+        recall an exact detail a compaction summarized away."""
+        search = ConversationSearch(self.store, self.conversation_id, limit=limit)
+
+        async def search_conversation(query: str) -> str:
+            return await search(query)
+
+        return function_tool(
+            search_conversation,
+            name_override=search.name,
+            description_override=search.description,
+            use_docstring_info=False,
+        )
 
     async def clear_session(self) -> None:
         """Empty the view: a clear, so the log keeps everything."""

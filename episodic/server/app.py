@@ -24,6 +24,7 @@ from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from episodic import errors
+from episodic.search import MAX_QUERY_LENGTH, MAX_SEARCH_LIMIT
 from episodic.server.access_log import REQUEST_ID, observe_requests, request_id_of
 from episodic.server.auth import JsonBody, KeyOf, key_dependency
 from episodic.server.inbound import AppendFormat, document_requests, read_append
@@ -48,6 +49,7 @@ from episodic.server.schemas import (
     EventPage,
     LoadedContext,
     NewConversation,
+    SearchResults,
 )
 from episodic.store import EpisodicStore
 
@@ -374,6 +376,26 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
         events = await store.read_events(conversation_id, after_seq=after_seq, limit=limit)
         cursor = events[-1].seq if len(events) == limit else None
         return EventPage(events=list(events), next_after_seq=cursor)
+
+    @router.get("/conversations/{conversation_id}/search", response_model=SearchResults)
+    async def search(
+        store: Store,
+        conversation_id: UUID,
+        q: Annotated[
+            str,
+            Query(
+                min_length=1,
+                max_length=MAX_QUERY_LENGTH,
+                pattern=r"\S",
+                description="a few words: an error code, a file name, what was decided",
+            ),
+        ],
+        limit: Annotated[int, Query(ge=1, le=MAX_SEARCH_LIMIT)] = 10,
+    ) -> SearchResults:
+        """The conversation's messages (tool outputs included) holding the words of ``q``:
+        recall of what a compaction summarized away, since the log keeps it all."""
+        found = await store.search(conversation_id, q, limit=limit)
+        return SearchResults(conversation_id=conversation_id, query=q, events=found)
 
     @router.get(
         "/conversations/{conversation_id}/context",

@@ -20,6 +20,7 @@ from episodic.models import (
     MAX_TOKEN_COUNT,
     Conversation,
     Message,
+    MessageEvent,
     NativePayload,
     StoredEvent,
 )
@@ -289,6 +290,15 @@ class EventPage(BaseModel):
 
     events: list[StoredEvent]
     next_after_seq: int | None
+
+
+class SearchResults(BaseModel):
+    """The conversation's messages holding the query's words: the most of them first, then
+    the newest (their seqs say where they stand in the log)."""
+
+    conversation_id: UUID
+    query: str
+    events: list[MessageEvent]
 
 
 class LoadedContext(BaseModel):

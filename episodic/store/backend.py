@@ -313,6 +313,14 @@ class Backend(Protocol):
         that is not there or not the scope's."""
         ...
 
+    async def search_events(
+        self, conversation_id: UUID, terms: Sequence[str], limit: int
+    ) -> list[StoredEvent]:
+        """Up to ``limit`` messages holding any of ``terms`` (episodic/search.py: the most of
+        them first, then the newest); none for a conversation that is not there or not the
+        scope's."""
+        ...
+
     async def head(self, conversation_id: UUID) -> Conversation | None:
         """The conversation's head, deleted or not; None when it is not there or not the
         scope's (``episodic_head``; the store's ``get_conversation``)."""

@@ -39,6 +39,7 @@ from episodic.models import (
     construct_valid,
 )
 from episodic.policy import EpisodicCompactionConfig, EpisodicCompactionPressure
+from episodic.search import check_search_limit, query_terms
 from episodic.settings import EpisodicSettings, load_settings
 from episodic.store.attempts import (
     AttemptEnd,
@@ -569,6 +570,25 @@ class EpisodicStore:
         if not found and await self._head(cid) is None:
             raise NotFoundError(cid)
         return found
+
+    async def search(
+        self, conversation_id: UUID | str, query: str, *, limit: int = 10
+    ) -> list[MessageEvent]:
+        """The conversation's messages that hold the words of ``query`` (tool outputs
+        included), with their seqs: the most of its words first, then the newest, at most
+        ``limit``. Finds what any compaction summarized away, since the log keeps it;
+        retracted messages, those before a clear, and erased conversations are not found.
+        ``query`` is a few words (stop words are ignored; see episodic/search.py)."""
+        await self._ready()
+        cid = parse_conversation_id(conversation_id)
+        terms = query_terms(query)
+        check_search_limit(limit)
+        found = await retry_transient(
+            lambda: self._backend.search_events(cid, terms, limit), safe=True
+        )
+        if not found and await self._head(cid) is None:
+            raise NotFoundError(cid)
+        return [event for event in found if isinstance(event, MessageEvent)]
 
     async def read_attempts(self, conversation_id: UUID | str) -> list[AttemptRecord]:
         """The conversation's compaction attempts, in the order they ended (the inspector

@@ -45,6 +45,7 @@ from episodic.store.postgres.queries import (
     MARK_RUN_COMPLETED,
     READ_HEAD,
     READ_TAIL_AFTER,
+    SEARCH_EVENTS,
     TAIL_RANGE,
     WRITE_BOUNDARY,
 )
@@ -488,6 +489,26 @@ async def test_the_end_of_a_failed_attempt_runs_on_the_one_node_holding_the_conv
             head = await store.get_conversation(conv)
             assert head.lease_owner is None
             assert head.last_error is not None
+
+
+async def test_a_search_runs_on_the_one_node_and_shard_holding_the_conversation(
+    postgres_url: str, db: asyncpg.Connection
+) -> None:
+    """store.search is one statement over the conversation's rows: Citus routes it, whole,
+    to the node that holds them, and it reads that conversation's shard only."""
+    placed = await _ids_on_each_worker(db, per_node=1)
+    async with _traced_store(postgres_url) as (store, trace):
+        for port, [conv] in placed.items():
+            await _converse(store, conv)
+            hits = await store.search(conv, "answer output")
+            assert hits, f"nothing found in {conv}"
+            [search] = trace.of(SEARCH_EVENTS)[-1:]
+            assert not search.errors, search.describe()
+            assert search.ports == {port}, search.describe()
+            shard = (await _placement(db, "episodic_events", conv)).shard
+            for command, _ in search.remote:
+                touched = {int(s) for s in re.findall(r"episodic_[a-z_]+_(\d+)\b", command)}
+                assert touched == {shard}, search.describe()
 
 
 # ---- 3. load_context's cost --------------------------------------------------------------

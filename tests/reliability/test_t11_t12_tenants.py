@@ -5,7 +5,7 @@ row-level security applies to it too; applications log in as members of ``episod
 ``episodic_worker`` (tests/reliability/rls.py).
 
 T11 pass criteria: for 2 tenants x 3 conversations, every operation (append, load_context,
-read_events, list, enqueue, worker processing) by every identity (tenant A, tenant B, no
+search, read_events, list, enqueue, worker processing) by every identity (tenant A, tenant B, no
 tenant, the worker under the wrong tenant, the owner) reaches only its own tenant's rows:
 cross-tenant reads give 0 rows (NotFoundError), cross-tenant writes are refused by the
 database (SQLSTATE 42501, TenantDeniedError) or find nothing, and nothing changes. A
@@ -150,6 +150,7 @@ async def test_t11_every_identity_reaches_only_its_own_tenant(rls: RlsDatabase) 
                 for operation in (
                     lambda s, c: s.load_context(c),
                     lambda s, c: s.read_events(c),
+                    lambda s, c: s.search(c, f"{a} secret result answer"),
                     lambda s, c: s.get_conversation(c),
                     lambda s, c: s.append(c, [Message.user("intruder")]),
                     lambda s, c: s.mark_run_completed(c),
@@ -170,11 +171,15 @@ async def test_t11_every_identity_reaches_only_its_own_tenant(rls: RlsDatabase) 
             listed = {c.conversation_id for c in await store.list_conversations(limit=1_000)}
             assert not listed & set(owned[a]), f"{label} listed tenant {a}'s conversations"
             cells += 1
-        # Each tenant lists exactly its own.
+        # Each tenant lists exactly its own, and finds its own words in each of its own.
         for tenant in TENANTS:
             listed = {c.conversation_id for c in await app.for_tenant(tenant).list_conversations()}
             assert listed == set(owned[tenant])
             cells += 1
+            for conv in owned[tenant]:
+                found = await app.for_tenant(tenant).search(conv, f"{tenant} secret")
+                assert [hit.seq for hit in found][:2] == [6, 2], found  # both words first
+                cells += 1
         # A scoped store cannot create for, or turn into, another tenant.
         with pytest.raises(TenantDeniedError):
             await app.for_tenant(b).create_conversation(tenant_id=a)

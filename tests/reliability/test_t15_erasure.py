@@ -682,6 +682,9 @@ async def test_t15_erasure_racing_writers_and_the_worker(rls: RlsDatabase, seed:
         for conv in erased:
             with pytest.raises(ErasedConversationError):
                 await scoped[run.erased[conv].tenant_id].create_conversation(conversation_id=conv)
+            # what a search found in it goes with it
+            with pytest.raises(NotFoundError):
+                await scoped[run.erased[conv].tenant_id].search(conv, "question answer result")
         assert set((await _rows_left(rls, erased)).values()) == {0}, context
         assert set((await _tombstones(rls, erased)).values()) == {1}, context
         assert run.appends > 0, context

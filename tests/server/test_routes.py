@@ -204,6 +204,7 @@ async def test_keys_scope_every_request_to_their_tenant(
         ("GET", f"/v1/conversations/{cid}", None),
         ("GET", f"/v1/conversations/{cid}/events", None),
         ("GET", f"/v1/conversations/{cid}/context", None),
+        ("GET", f"/v1/conversations/{cid}/search?q=secret", None),
         ("POST", f"/v1/conversations/{cid}/messages", {"messages": [_user("x")]}),
         ("POST", f"/v1/conversations/{cid}/run-completed", None),
     ]:
@@ -420,3 +421,33 @@ async def test_a_database_that_goes_away_is_a_503_with_retry_after(postgres_url:
                     )
     finally:
         await keys.close()
+
+
+async def test_search_finds_messages_by_their_words_and_refuses_a_blank_query(
+    client: httpx.AsyncClient,
+) -> None:
+    cid = await _create(client)
+    call = {"id": "c1", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+    await client.post(
+        f"/v1/conversations/{cid}/messages",
+        params={"format": "openai"},
+        json={
+            "messages": [
+                _user("fix the login test"),
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "FAILED: AuthError E2147"},
+            ]
+        },
+    )
+    found = await client.get(f"/v1/conversations/{cid}/search", params={"q": "E2147", "limit": 5})
+    assert found.status_code == 200, found.text
+    assert found.json()["query"] == "E2147"
+    assert [(e["seq"], e["message"]["role"]) for e in found.json()["events"]] == [(3, "tool")]
+    ranked = await client.get(f"/v1/conversations/{cid}/search", params={"q": "failing login"})
+    assert [e["seq"] for e in ranked.json()["events"]] == [3, 1]
+    for params in ({"q": " "}, {"q": ""}, {"q": "x", "limit": 0}, {"q": "x", "limit": 101}, {}):
+        refused = await client.get(f"/v1/conversations/{cid}/search", params=params)
+        assert refused.status_code == 422, (params, refused.text)
+        assert refused.headers["content-type"] == PROBLEM
+    missing = await client.get(f"/v1/conversations/{uuid.uuid4()}/search", params={"q": "x"})
+    assert missing.status_code == 404

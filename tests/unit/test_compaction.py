@@ -222,7 +222,7 @@ def test_the_prompt_asks_for_a_form_of_new_notes_and_guards_private_reasoning() 
     ):
         assert phrase in prompt, phrase
     assert "## done" not in prompt  # what was done is the record's to say
-    assert PROMPT_VERSION == "episodic-handoff-2"
+    assert PROMPT_VERSION == "episodic-handoff-3"
 
 
 def test_reasoning_is_rendered_for_the_summarizer_but_native_payloads_are_not() -> None:

@@ -101,6 +101,7 @@ from episodic.store.postgres.queries import (
     READ_STATE,
     READ_TAIL_AFTER,
     RECENT_ATTEMPTS,
+    SEARCH_EVENTS,
     SET_TENANT,
     SHARED_STATES,
     SWEEP_DUE,
@@ -730,6 +731,16 @@ class PostgresBackend:
             async with self._session() as connection:
                 rows = await connection.fetch(
                     READ_EVENTS, conversation_id, after_seq, limit, self.tenant
+                )
+        return [decode_event_row(conversation_id, row) for row in rows]
+
+    async def search_events(
+        self, conversation_id: UUID, terms: Sequence[str], limit: int
+    ) -> list[StoredEvent]:
+        with translated_errors():
+            async with self._session() as connection:
+                rows = await connection.fetch(
+                    SEARCH_EVENTS, conversation_id, list(terms), limit, self.tenant
                 )
         return [decode_event_row(conversation_id, row) for row in rows]
 

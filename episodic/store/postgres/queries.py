@@ -174,6 +174,50 @@ SELECT {", ".join(EVENT_COLUMNS)}
  LIMIT $3
 """
 
+# store.search: the messages of one conversation holding any of the query's words, the most of
+# them first, then the newest (episodic/search.py says why). A message's text is every string
+# under its content, tool calls and tool name, with the punctuation of paths and identifiers
+# made spaces (SEARCH_SEPARATORS: PostgreSQL's parser reads "src/app.py" as one token that
+# "app.py" would not find; FTS5 splits it as this does). No index: each message's text is
+# parsed per search (about 60 us per message), which keeps every append free of that work (a
+# GIN index over the text made inserting 5,000 messages 8-10x slower, measured); the scan is
+# one conversation's rows, on its shard under Citus. Retracted messages and those a clear
+# emptied from view are left out.
+SEARCH_SEPARATORS = "/.-@:"
+_SPACES = " " * len(SEARCH_SEPARATORS)
+SEARCH_EVENTS = f"""
+WITH terms AS (
+    SELECT q FROM unnest($2::text[]) AS t,
+         phraseto_tsquery('english', translate(t, '{SEARCH_SEPARATORS}', '{_SPACES}')) AS q
+     WHERE numnode(q) > 0
+)
+SELECT {", ".join(EVENT_COLUMNS)} FROM (
+    SELECT e.*, (SELECT count(*) FROM terms WHERE d.doc @@ terms.q) AS matched
+      FROM episodic_events e
+      CROSS JOIN LATERAL (
+          SELECT to_tsvector(
+                     'english',
+                     translate(string_agg(s #>> '{{}}', ' '), '{SEARCH_SEPARATORS}', '{_SPACES}')
+                 ) AS doc
+            FROM CAST(e.payload AS jsonb) AS p,
+                 jsonb_path_query(
+                     jsonb_build_array(p -> 'content', p -> 'tool_calls', p -> 'name'),
+                     'strict $.** ? (@.type() == "string")'
+                 ) AS s
+      ) d
+     WHERE e.conversation_id = $1 AND e.kind = 'message'
+       AND ($4::text IS NULL OR e.tenant_id = $4)
+       AND e.seq > (SELECT coalesce(max(c.seq), 0) FROM episodic_events c
+                     WHERE c.conversation_id = $1 AND c.kind = 'clear')
+       AND NOT EXISTS (SELECT FROM episodic_events r
+                        WHERE r.conversation_id = $1 AND r.kind = 'retraction'
+                          AND CAST(r.payload AS jsonb) ->> 'retracted_seq' = CAST(e.seq AS text))
+) hits
+ WHERE matched > 0
+ ORDER BY matched DESC, seq DESC
+ LIMIT $3
+"""
+
 #: The range query episodic_load_tail runs, for plan tests (tests/integration/
 #: test_load_context_cost.py checks it is the function's own).
 TAIL_RANGE = """

@@ -109,6 +109,7 @@ from episodic.store.schema import (
     events,
     shared_state,
 )
+from episodic.store.sqlite.search import search_events
 from episodic.store.state import StateSnapshot
 
 _WRITE = "episodic_write"
@@ -903,6 +904,14 @@ class SqliteBackend:
             if self.tenant is not None and await _head(conn, conversation_id, self.tenant) is None:
                 return []
             return await _events_after(conn, conversation_id, after_seq, limit)
+
+    async def search_events(
+        self, conversation_id: UUID, terms: Sequence[str], limit: int
+    ) -> list[StoredEvent]:
+        async with self._read() as conn:
+            if self.tenant is not None and await _head(conn, conversation_id, self.tenant) is None:
+                return []
+            return await search_events(conn, conversation_id, terms, limit)
 
     async def head(self, conversation_id: UUID) -> Conversation | None:
         # episodic_head's twin.

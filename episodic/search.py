@@ -1,0 +1,100 @@
+"""Finding a conversation's own events by their words: what a query asks for, how hits rank,
+and how an agent reads them.
+
+Both backends match the same way. A query becomes up to :data:`MAX_TERMS` words (stop words
+dropped: they would match almost every event); the database tests each against the text of
+every message of the conversation (its content, the names and arguments of its tool calls,
+a tool result's output), with its own English stemming, so "failing" finds "failed". Hits
+come with the most of the query's words first, and among equals the newest first: recall is
+for what a summary dropped, and the newest mention of a file or error is the one that holds.
+Retracted messages and what a clear emptied from view are not found; an erasure takes the
+events themselves.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import orjson
+
+from episodic.errors import ValidationError
+from episodic.models import MessageEvent
+
+#: The most words of one query that are matched (the rest are ignored).
+MAX_TERMS = 16
+#: The most hits one search returns.
+MAX_SEARCH_LIMIT = 100
+#: The longest query accepted, in characters.
+MAX_QUERY_LENGTH = 2_000
+#: How much of each hit an agent's tool shows, in characters.
+HIT_EXCERPT_CHARS = 600
+
+# A word: letters and digits, joined by the punctuation of identifiers and paths
+# (test_auth.py, E-2147, src/app/models.py), so a file name is searched as a phrase.
+_WORD = re.compile(r"[^\W_]+(?:[._/:\-][^\W_]+)*", re.UNICODE)
+
+#: English words too common to tell one event from another. A short list: the databases'
+#: English configurations drop their own on top of it.
+STOP_WORDS = frozenset(
+    """
+    a about above after again all am an and any are as at be because been before being
+    between both but by can could did do does doing done down during each few for from had has
+    have having he her here hers him his how i if in into is it its itself just me more most my
+    no nor not now of off on once only or other our out over own same she should so some such
+    than that the their them then there these they this those through to too under until up
+    us very was we were what when where which while who whom why will with would you your
+    yours tell said say says
+    """.split()  # noqa: SIM905 (a list of 130 quoted words reads worse)
+)
+
+
+def query_terms(query: str) -> tuple[str, ...]:
+    """The words ``query`` is matched by: lower-cased, stop words and repeats dropped, at most
+    :data:`MAX_TERMS`. Empty when the query holds nothing but stop words (it then finds
+    nothing). Raises :class:`ValidationError` for a query that is not text, is blank or is
+    longer than :data:`MAX_QUERY_LENGTH`."""
+    if not isinstance(query, str) or not query.strip():
+        raise ValidationError("the search query must be non-empty text", field="q")
+    if len(query) > MAX_QUERY_LENGTH:
+        raise ValidationError(
+            f"the search query is {len(query)} characters; at most {MAX_QUERY_LENGTH} are "
+            "searched (use a few distinctive words: an error code, a file name)",
+            field="q",
+        )
+    terms: list[str] = []
+    for match in _WORD.finditer(query.lower()):
+        word = match.group()
+        if word not in STOP_WORDS and word not in terms:
+            terms.append(word)
+    return tuple(terms[:MAX_TERMS])
+
+
+def check_search_limit(limit: object) -> None:
+    """How many hits one search may ask for."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_SEARCH_LIMIT:
+        raise ValidationError(
+            f"limit must be between 1 and {MAX_SEARCH_LIMIT}, got {limit!r}", field="limit"
+        )
+
+
+def render_hits(hits: Sequence[MessageEvent], query: str) -> str:
+    """Hits as an agent reads them: one block per event, its seq, who wrote it (and the tool
+    it called or answered) and its text, cut to :data:`HIT_EXCERPT_CHARS`."""
+    if not hits:
+        return f"No earlier message of this conversation matches {query!r}."
+    blocks = [f"{len(hits)} earlier message(s) match {query!r}, best match first:"]
+    for hit in hits:
+        message = hit.message
+        who = f"{message.role} {message.name}" if message.name else message.role
+        calls = ", ".join(
+            f"{call.name}({call.arguments_json or orjson.dumps(call.args).decode()})"
+            for call in message.tool_calls
+        )
+        text = message.text
+        if calls:
+            text = f"{text}\n[calls {calls}]" if text else f"[calls {calls}]"
+        if len(text) > HIT_EXCERPT_CHARS:
+            text = text[:HIT_EXCERPT_CHARS] + " [...]"
+        blocks.append(f"[seq {hit.seq}, {who}]\n{text}")
+    return "\n\n".join(blocks)

@@ -1,0 +1,143 @@
+"""store.search: a conversation's own messages found by their words, on both backends alike:
+tool outputs and calls included, the most of the query's words first and then the newest,
+nothing retracted, cleared, another tenant's or erased."""
+
+from __future__ import annotations
+
+from uuid import UUID, uuid4
+
+import pytest
+
+from episodic import (
+    EpisodicStore,
+    ErasedConversationError,
+    Message,
+    NotFoundError,
+    TextBlock,
+    ToolCall,
+    ValidationError,
+)
+from episodic.search import MAX_SEARCH_LIMIT, MAX_TERMS, query_terms
+from tests.support import snapshot
+
+
+async def _session(store: EpisodicStore) -> UUID:
+    """A short debugging session: seqs 1-6."""
+    conv = await store.create_conversation()
+    await store.append(conv, [Message.user("Fix the failing login test in tests/test_auth.py")])
+    await store.append(
+        conv,
+        [
+            Message.assistant(
+                "Running it.",
+                tool_calls=[
+                    ToolCall(id="c1", name="shell", args={"cmd": "pytest tests/test_auth.py -x"})
+                ],
+            ),
+            Message.tool_result("c1", "FAILED test_login - AuthError E-2147: token expired"),
+        ],
+    )
+    await store.append(
+        conv, [Message.assistant([TextBlock(text="The token check in src/auth/tokens.py fails.")])]
+    )
+    await store.append(conv, [Message.user("Keep the old token format for now.")])
+    await store.append(conv, [Message.assistant("Understood: the old token format stays.")])
+    return conv
+
+
+async def _seqs(store: EpisodicStore, conv: UUID, query: str, **options: int) -> list[int]:
+    return [hit.seq for hit in await store.search(conv, query, **options)]
+
+
+async def test_finds_tool_outputs_calls_and_blocks_by_their_words(store: EpisodicStore) -> None:
+    conv = await _session(store)
+    assert await _seqs(store, conv, "E-2147") == [3]
+    assert await _seqs(store, conv, "e 2147") == [3]
+    assert await _seqs(store, conv, "pytest") == [2]  # a tool call's arguments
+    assert await _seqs(store, conv, "shell") == [2]  # a tool call's name
+    assert await _seqs(store, conv, "tokens.py") == [4]  # a content block
+    # a path's parts, and stemming: "failed" finds "failing" and "fails"
+    assert await _seqs(store, conv, "test_auth.py") == [2, 1]
+    assert await _seqs(store, conv, "failed") == [4, 3, 1]
+    hits = await store.search(conv, "E-2147")
+    assert hits[0].message.role == "tool"
+    assert hits[0].message.tool_call_id == "c1"
+
+
+async def test_the_most_words_first_then_the_newest(store: EpisodicStore) -> None:
+    conv = await _session(store)
+    # 6 holds "old token format" (3 words), so does 5; 4 and 3 hold "token" only
+    assert await _seqs(store, conv, "old token format") == [6, 5, 4, 3]
+    assert await _seqs(store, conv, "token login") == [3, 6, 5, 4, 1]
+    assert await _seqs(store, conv, "old token format", limit=2) == [6, 5]
+    assert await _seqs(store, conv, "what is the") == []  # stop words only
+    assert await _seqs(store, conv, "kubernetes") == []
+
+
+async def test_retracted_and_cleared_messages_are_not_found(store: EpisodicStore) -> None:
+    conv = await _session(store)
+    await store.append(conv, [Message.user("a secret word: zanzibar")])
+    assert await _seqs(store, conv, "zanzibar") == [7]
+    await store.retract_last(conv)
+    assert await _seqs(store, conv, "zanzibar") == []
+    await store.clear(conv)
+    assert await _seqs(store, conv, "token") == []
+    await store.append(conv, [Message.user("a new token")])
+    assert await _seqs(store, conv, "token") == [10]
+
+
+async def test_query_syntax_of_either_database_is_only_words(store: EpisodicStore) -> None:
+    conv = await _session(store)
+    for query in ('"', "NEAR(token format)", "token*", "a OR b", "!(token)", "x\x00y", "'; --"):
+        await store.search(conv, query)  # no error, whatever the backend's own syntax
+    assert await _seqs(store, conv, "token*") == await _seqs(store, conv, "token")
+
+
+async def test_bad_input_is_refused_and_changes_nothing(
+    store: EpisodicStore, database_url: str
+) -> None:
+    conv = await _session(store)
+    before = await snapshot(database_url)
+    for query, limit in (("", 10), ("  \n", 10), ("x" * 2_001, 10), ("x", 0), ("x", 101)):
+        with pytest.raises(ValidationError):
+            await store.search(conv, query, limit=limit)
+    with pytest.raises(ValidationError):
+        await store.search(conv, None, limit=10)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        await store.search("not-a-uuid", "token")
+    with pytest.raises(NotFoundError):
+        await store.search(uuid4(), "token")
+    assert await snapshot(database_url) == before
+    assert len(await store.search(conv, "token", limit=MAX_SEARCH_LIMIT)) == 4
+
+
+async def test_a_tenant_searches_only_its_own(store: EpisodicStore) -> None:
+    acme = store.for_tenant("acme")
+    conv = await _session(acme)
+    assert await _seqs(acme, conv, "E-2147 token") == [3, 6, 5, 4]
+    with pytest.raises(NotFoundError):
+        await store.for_tenant("globex").search(conv, "token")
+
+
+async def test_an_erased_conversation_finds_nothing(store: EpisodicStore) -> None:
+    conv = await _session(store)
+    await store.erase_conversation(conv, reason="user request")
+    with pytest.raises((NotFoundError, ErasedConversationError)):
+        await store.search(conv, "token")
+    again = await _session(store)  # a new conversation holds the same words
+    assert await _seqs(store, again, "E-2147") == [3]
+
+
+def test_query_terms_are_lowered_deduplicated_and_bounded() -> None:
+    assert query_terms("What did the Failing TEST say about E2147? The test!") == (
+        "failing",
+        "test",
+        "e2147",
+    )
+    # an identifier or a path is one term, searched as a phrase of its parts
+    assert query_terms("see src/app/models.py and ERR_TIMEOUT") == (
+        "see",
+        "src/app/models.py",
+        "err_timeout",
+    )
+    assert len(query_terms(" ".join(f"w{i}" for i in range(40)))) == MAX_TERMS
