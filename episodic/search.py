@@ -78,23 +78,48 @@ def check_search_limit(limit: object) -> None:
         )
 
 
+def hit_text(hit: MessageEvent) -> str:
+    """A hit's whole text as a model reads it: the message's text, then its tool calls."""
+    message = hit.message
+    calls = ", ".join(
+        f"{call.name}({call.arguments_json or orjson.dumps(call.args).decode()})"
+        for call in message.tool_calls
+    )
+    if not calls:
+        return message.text
+    return f"{message.text}\n[calls {calls}]" if message.text else f"[calls {calls}]"
+
+
+def excerpt(text: str, terms: Sequence[str], chars: int = HIT_EXCERPT_CHARS) -> str:
+    """At most ``chars`` of ``text``, around the first place one of ``terms`` is written (a
+    long tool output shows where it matched, not its first lines); "[...]" where cut. A
+    term is looked for as written, then by its first letters (the databases match stems:
+    "failing" finds "failed")."""
+    if len(text) <= chars:
+        return text
+    lowered = text.lower()
+    places = []
+    for term in terms:
+        for probe in (term, term[: max(4, len(term) - 3)]):
+            at = lowered.find(probe)
+            if at >= 0:
+                places.append(at)
+                break
+    start = max(0, min(places) - chars // 4) if places else 0
+    end = min(len(text), start + chars)
+    start = max(0, end - chars)
+    return f"{'[...] ' if start else ''}{text[start:end]}{' [...]' if end < len(text) else ''}"
+
+
 def render_hits(hits: Sequence[MessageEvent], query: str) -> str:
     """Hits as an agent reads them: one block per event, its seq, who wrote it (and the tool
-    it called or answered) and its text, cut to :data:`HIT_EXCERPT_CHARS`."""
+    it called or answered) and :func:`excerpt` of its text around the query's words."""
     if not hits:
         return f"No earlier message of this conversation matches {query!r}."
+    terms = query_terms(query)
     blocks = [f"{len(hits)} earlier message(s) match {query!r}, best match first:"]
     for hit in hits:
         message = hit.message
         who = f"{message.role} {message.name}" if message.name else message.role
-        calls = ", ".join(
-            f"{call.name}({call.arguments_json or orjson.dumps(call.args).decode()})"
-            for call in message.tool_calls
-        )
-        text = message.text
-        if calls:
-            text = f"{text}\n[calls {calls}]" if text else f"[calls {calls}]"
-        if len(text) > HIT_EXCERPT_CHARS:
-            text = text[:HIT_EXCERPT_CHARS] + " [...]"
-        blocks.append(f"[seq {hit.seq}, {who}]\n{text}")
+        blocks.append(f"[seq {hit.seq}, {who}]\n{excerpt(hit_text(hit), terms)}")
     return "\n\n".join(blocks)

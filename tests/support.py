@@ -54,6 +54,15 @@ INSTALL_LINE = 'pip install -e ".[dev]"'
 REQUIRE_EXTRAS = os.environ.get("EPISODIC_TEST_REQUIRE_EXTRAS") == "1"
 
 
+#: A tool-sized text (about 250 tokens): what a compaction exists to shrink. A conversation
+#: of a few short lines is smaller than any handoff, and the worker rightly writes no boundary
+#: for it (the context would grow); tests of the worker's other duties put this in theirs.
+FILE_LISTING = "\n".join(
+    f"-rw-r--r--  1 agent  staff  {n * 1013 % 9000:>5}  reports/quarter_{n:02}.csv"
+    for n in range(20)
+)
+
+
 def require_extra(module: str, extra: str) -> ModuleType:
     """Import ``module``, which the ``episodic-store[extra]`` extra installs; when it is missing,
     skip the calling test (or module) saying how to install it, or fail the run where CI

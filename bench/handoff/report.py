@@ -35,8 +35,12 @@ def _shares(
 ) -> list[float]:
     """Each measurement's share of ``kinds`` with ``attribute``; the answer scores only of
     the measurements whose model was asked."""
-    answers = attribute in ("answered", "false_done")
-    return [_share(m, attribute, kinds) for m in ms if m.asked or not answers]
+    answers = attribute in ("answered", "false_done", "answered_with_search")
+    return [
+        _share(m, attribute, kinds)
+        for m in ms
+        if (m.asked or not answers) and all(getattr(s, attribute) is not None for s in m.scores)
+    ]
 
 
 def _share(m: Measurement, attribute: str, kinds: Sequence[str] = PROBE_KINDS) -> float:
@@ -48,8 +52,9 @@ def overview(result: RunResult, compactors: Sequence[str], depths: Sequence[int]
     cells = _chains(result.measurements)
     lines = [
         "| compactor | depth | context recall % | answer recall % | false done "
+        "| search recall@5 % | answer recall with search % "
         "| context tokens | seconds per compaction | replicates |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in compactors:
         for depth in depths:
@@ -65,6 +70,7 @@ def overview(result: RunResult, compactors: Sequence[str], depths: Sequence[int]
             lines.append(
                 f"| {name} | {depth} | {_pct(_shares(ms, 'in_context'))} "
                 f"| {_pct(_shares(ms, 'answered'))} | {trapped} "
+                f"| {_pct(_shares(ms, 'searched'))} | {_pct(_shares(ms, 'answered_with_search'))} "
                 f"| {statistics.fmean(tokens):,.0f} ± {statistics.pstdev(tokens):,.0f} "
                 f"| {statistics.fmean(seconds):.1f} | {len(ms)} |"
             )
@@ -211,6 +217,7 @@ def markdown(
             *lost,
             "",
         ]
+    cells = _chains(result.measurements)
     for depth in depths:
         lines += [
             f"## Depth {depth}, by probe kind",
@@ -224,4 +231,18 @@ def markdown(
             *by_kind(result, names, depth, "answered"),
             "",
         ]
+        searching = [n for n in names if _shares(cells.get((n, depth), []), "searched")]
+        if searching:
+            lines += [
+                "Search recall@5 % (one of the five events a search for the question returns "
+                "holds the answer):",
+                "",
+                *by_kind(result, searching, depth, "searched"),
+                "",
+                "Answer recall with search % (the model answers from the context and those "
+                "five events):",
+                "",
+                *by_kind(result, searching, depth, "answered_with_search"),
+                "",
+            ]
     return "\n".join(lines) + "\n"

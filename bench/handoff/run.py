@@ -21,6 +21,8 @@ from bench.handoff.sessions import Session, generate
 
 #: the most tokens the model may answer the probes with (eight short answers)
 ANSWER_TOKENS = 200
+#: the hits a probe's question is searched for (search recall@5)
+SEARCH_HITS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,8 @@ class Measurement:
     #: whether the model was asked the probes at this depth (``--quick`` asks at the
     #: deepest only); when not, the answer scores are not measurements
     asked: bool = True
+    #: the model's reply given the context and each question's search hits
+    search_reply: str = ""
 
 
 @dataclass(slots=True)
@@ -80,10 +84,13 @@ class Answerer:
         self.model = endpoint.model
         self.client = endpoint.client(timeout)
 
-    async def answer(self, context: str, session: Session) -> str:
+    async def answer(
+        self, context: str, session: Session, found: Sequence[Sequence[str]] | None = None
+    ) -> str:
+        prompt = questions_prompt(context, session.probes, found)
         response = await self.client.chat.completions.create(
             model=self.model,
-            messages=[{"role": "user", "content": questions_prompt(context, session.probes)}],
+            messages=[{"role": "user", "content": prompt}],
             max_tokens=ANSWER_TOKENS,
             temperature=0.0,
         )
@@ -125,7 +132,13 @@ async def run_chain(
             asked = ask is None or depth in ask
             reply = await answerer.answer(context, session) if asked else ""
             answers = parse_answers(reply, len(session.probes))
-            scores = score(session.probes, context, answers)
+            hits = await _search(compactor, session)
+            search_reply = ""
+            with_search = None
+            if hits is not None and asked:
+                search_reply = await answerer.answer(context, session, hits)
+                with_search = parse_answers(search_reply, len(session.probes))
+            scores = score(session.probes, context, answers, hits, with_search)
             found.append(
                 Measurement(
                     session=session.kind,
@@ -140,10 +153,16 @@ async def run_chain(
                     context=context,
                     reply=reply,
                     asked=asked,
+                    search_reply=search_reply,
                 )
             )
             held = sum(s.in_context for s in scores)
             said = f", answered {sum(s.answered for s in scores)}/{len(scores)}" if asked else ""
+            if hits is not None:
+                said += f", search@{SEARCH_HITS} {sum(bool(s.searched) for s in scores)}"
+            if with_search is not None:
+                helped = sum(bool(s.answered_with_search) for s in scores)
+                said += f", answered with search {helped}"
             _say(
                 started,
                 f"{session.kind} seed {session.seed} {compactor.name} depth {depth}: compacted "
@@ -152,6 +171,17 @@ async def run_chain(
             )
     finally:
         await compactor.close()
+    return found
+
+
+async def _search(compactor: Compactor, session: Session) -> list[list[str]] | None:
+    """Each probe's question searched in the compactor's log; None when it keeps none."""
+    found = []
+    for probe in session.probes:
+        hits = await compactor.search(probe.question, SEARCH_HITS)
+        if hits is None:
+            return None
+        found.append(hits)
     return found
 
 

@@ -5,6 +5,10 @@
   numbered), answers with every key of the probe; for a ``planned_not_done`` probe, answers
   "no".
 - *false done*: a ``planned_not_done`` probe answered "yes".
+- *search recall@5* (compactors that keep a searchable log): one of the five events a
+  search for the probe's question returns holds every key.
+- *answer recall with search*: the model answers, given the context and, under each
+  question, excerpts of those five events.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 
 from bench.handoff.sessions import Probe
 from episodic import Message
+from episodic.search import excerpt, query_terms
 
 _NOT_WORD = re.compile(r"[^0-9a-z]+")
 _NUMBERED = re.compile(r"^\s*(?:\*\*)?(\d{1,2})[.):]\s*(.*)$")
@@ -45,17 +50,36 @@ def render(messages: Sequence[Message]) -> str:
     return "\n".join(lines)
 
 
-def questions_prompt(context: str, probes: Sequence[Probe]) -> str:
+#: how much of each search hit the model is shown under a question, in characters
+HIT_CHARS = 240
+
+
+def questions_prompt(
+    context: str, probes: Sequence[Probe], found: Sequence[Sequence[str]] | None = None
+) -> str:
     """One user message: the instructions and every probe's question, numbered, then the
     context. The fixed part comes first so that a server which keeps the prompts it has
-    seen (llama.cpp's cache) computes it once per session, not once per context."""
+    seen (llama.cpp's cache) computes it once per session, not once per context. With
+    ``found`` (each question's search hits), the hits follow the context, by question,
+    each cut to :data:`HIT_CHARS` around the question's words."""
     asked = "\n".join(f"{n}. {probe.question}" for n, probe in enumerate(probes, start=1))
+    searched = ""
+    if found is not None:
+        blocks = []
+        for n, (probe, hits) in enumerate(zip(probes, found, strict=True), start=1):
+            terms = query_terms(probe.question)
+            shown = "\n".join(f"- {excerpt(' '.join(h.split()), terms, HIT_CHARS)}" for h in hits)
+            blocks.append(f"For question {n}:\n{shown or '(nothing found)'}")
+        searched = (
+            "\n\n<search results>\nEarlier messages of this conversation that a search for "
+            "each question found:\n" + "\n".join(blocks) + "\n</search results>"
+        )
     return (
         "You are the agent of the session below (its earlier part may have been summarized). "
         "Answer each of these questions from the conversation alone, as briefly as possible: "
         "the exact identifier, file, command or value where one is asked. If the "
         "conversation does not say, answer 'unknown'.\n\n"
-        f"{asked}\n\n<conversation>\n{context}\n</conversation>\n\n"
+        f"{asked}\n\n<conversation>\n{context}\n</conversation>{searched}\n\n"
         f"Now answer questions 1 to {len(probes)}: one line a question, each starting with "
         "its number."
     )
@@ -100,17 +124,39 @@ class ProbeScore:
     in_context: bool
     answered: bool
     false_done: bool
+    #: None where the compactor keeps no searchable log, or the model was not asked
+    searched: bool | None = None
+    answered_with_search: bool | None = None
 
 
-def score(probes: Sequence[Probe], context: str, answers: Sequence[str]) -> list[ProbeScore]:
-    """Each probe's scores from the context text and the model's answers."""
+def _answered(probe: Probe, answer: str) -> tuple[bool, bool]:
+    """Whether ``answer`` answers the probe, and whether it is a false done."""
+    if probe.kind == "planned_not_done":
+        verdict = says_yes(answer, probe.question)
+        return verdict is False, verdict is True
+    return holds(answer, probe.keys), False
+
+
+def score(
+    probes: Sequence[Probe],
+    context: str,
+    answers: Sequence[str],
+    found: Sequence[Sequence[str]] | None = None,
+    answers_with_search: Sequence[str] | None = None,
+) -> list[ProbeScore]:
+    """Each probe's scores from the context text and the model's answers; and with
+    ``found`` (each question's search hits), from those hits and the answers given them."""
     scores = []
-    for probe, answer in zip(probes, answers, strict=True):
-        in_context = holds(context, probe.keys)
-        if probe.kind == "planned_not_done":
-            verdict = says_yes(answer, probe.question)
-            answered, false_done = verdict is False, verdict is True
-        else:
-            answered, false_done = holds(answer, probe.keys), False
-        scores.append(ProbeScore(probe.kind, in_context, answered, false_done))
+    for index, (probe, answer) in enumerate(zip(probes, answers, strict=True)):
+        answered, false_done = _answered(probe, answer)
+        searched = with_search = None
+        if found is not None:
+            searched = any(holds(hit, probe.keys) for hit in found[index])
+        if answers_with_search is not None:
+            with_search = _answered(probe, answers_with_search[index])[0]
+        scores.append(
+            ProbeScore(
+                probe.kind, holds(context, probe.keys), answered, false_done, searched, with_search
+            )
+        )
     return scores

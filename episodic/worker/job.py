@@ -47,7 +47,7 @@ class CompactionOptions:
     fallback: bool = False
     #: write no boundary that would not make the context smaller (the attempt ends
     #: ``nothing_to_compact`` and says why)
-    require_smaller: bool = False
+    require_smaller: bool = True
 
     def default_lease_seconds(self) -> float:
         """A lease that outlasts a summarizer call, even one that times out."""

@@ -18,6 +18,7 @@ from episodic import BoundaryRequest, EpisodicStore, Message, StateChange, ToolC
 from episodic.store.attempts import AttemptEnd, AttemptRecord
 from episodic.store.migrate import HEAD_REVISION
 from tests.conftest import isolated_settings
+from tests.support import FILE_LISTING
 
 EPISODIC = Path(sys.executable).parent / "episodic"
 HEADER = ["seq", "at", "kind", "tokens", "content"]
@@ -359,7 +360,11 @@ async def test_worker_status_and_compact_commands(populated: Populated, workdir:
         store.trigger = store.trigger.model_copy(update={"trigger_unfinished_turns": 1})
         await store.append(
             populated.conversation_id,
-            [Message.user("and the docs, please"), Message.assistant("Docs updated.")],
+            [
+                Message.user("and the docs, please"),
+                Message.assistant(f"The docs:\n{FILE_LISTING}"),
+                Message.assistant("Docs updated."),
+            ],
         )
     finally:
         await store.close()
@@ -386,7 +391,11 @@ async def test_worker_status_and_compact_commands(populated: Populated, workdir:
     try:
         await store.append(
             populated.conversation_id,
-            [Message.user("one more thing"), Message.assistant("Done too.")],
+            [
+                Message.user("one more thing"),
+                Message.assistant(f"The rest:\n{FILE_LISTING}"),
+                Message.assistant("Done too."),
+            ],
         )
     finally:
         await store.close()

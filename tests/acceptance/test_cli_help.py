@@ -15,6 +15,7 @@ from episodic.cli import app
 from episodic.settings import EpisodicSettings
 from tests.acceptance.test_cli import clean_env, run_cli, run_cli_async
 from tests.conftest import isolated_settings
+from tests.support import FILE_LISTING
 
 WIDTH = 80
 TERMINAL = {"COLUMNS": str(WIDTH)}
@@ -166,7 +167,8 @@ async def test_the_worker_counts_its_attempts_in_english(database_url: str, tmp_
             store.trigger = store.trigger.model_copy(update={"trigger_unfinished_turns": 1})
             for _ in range(count):
                 cid = await store.create_conversation()
-                await store.append(cid, [Message.user("hi"), Message.assistant("hello")])
+                listing = Message.assistant(f"the files:\n{FILE_LISTING}")
+                await store.append(cid, [Message.user("hi"), listing, Message.assistant("hello")])
                 await store.append(cid, [Message.user("again"), Message.assistant("hello")])
         finally:
             await store.close()

@@ -50,7 +50,9 @@ def _text(content: Any) -> str:
 
 def _answers(prompt: str) -> str:
     conversation = prompt.split("<conversation>", 1)[1].split("</conversation>", 1)[0]
-    flat = " ".join(conversation.split())
+    # and what a search found, where the prompt gives it
+    found = prompt.partition("<search results>")[2].partition("</search results>")[0]
+    flat = " ".join(conversation.split() + found.split())
     out = []
     for number, question in _QUESTION.findall(prompt.split("<conversation>", 1)[0]):
         if "Answer yes or no" in question:
@@ -168,6 +170,16 @@ async def test_the_benchmark_end_to_end(tmp_path: Path) -> None:
             for s in m["scores"]:
                 if s["kind"] != "planned_not_done":
                     assert s["answered"] == s["in_context"], (m["compactor"], s)
+    # episodic keeps a searchable log, the peers do not; an answer known without the
+    # search results is known with them
+    for (name, _), ms in measured.items():
+        scores = [s for m in ms for s in m["scores"]]
+        if name == "episodic":
+            assert all(s["searched"] is not None for s in scores)
+            assert sum(s["searched"] for s in scores) > len(scores) // 2
+            assert all(s["answered_with_search"] or not s["answered"] for s in scores)
+        else:
+            assert all(s["searched"] is None for s in scores), name
     for depth in (1, 2):
         assert all(s["in_context"] for m in measured[("keep_all", depth)] for s in m["scores"])
         assert not any(
@@ -182,6 +194,7 @@ async def test_the_benchmark_end_to_end(tmp_path: Path) -> None:
         assert f"| {name} | 1 |" in report
         assert f"| {name} | 2 |" in report
     assert "## Depth 2, by probe kind" in report
+    assert "Search recall@5 % (one of the five events" in report
     # where each kind is lost: among the compactors with a model only, a row a probe kind
     lost = report.split("## Where each probe kind is lost, at depth 2", 1)[1].split("##")[0]
     rows = [

@@ -17,7 +17,7 @@ from episodic import (
     ToolCall,
     ValidationError,
 )
-from episodic.search import MAX_SEARCH_LIMIT, MAX_TERMS, query_terms
+from episodic.search import MAX_SEARCH_LIMIT, MAX_TERMS, excerpt, query_terms
 from tests.support import snapshot
 
 
@@ -141,3 +141,15 @@ def test_query_terms_are_lowered_deduplicated_and_bounded() -> None:
         "err_timeout",
     )
     assert len(query_terms(" ".join(f"w{i}" for i in range(40)))) == MAX_TERMS
+
+
+def test_an_excerpt_shows_where_a_long_text_matched() -> None:
+    text = "line " * 300 + "FAILED test_login AuthError E2147 token expired " + "tail " * 300
+    shown = excerpt(text, ("e2147",), 120)
+    assert "E2147" in shown
+    assert shown.startswith("[...] ")
+    assert shown.endswith(" [...]")
+    assert len(shown) <= 120 + 12
+    assert "E2147" in excerpt(text, ("failing",), 120)  # by its first letters: "fail"
+    assert excerpt(text, ("absent",), 60).startswith("line line")
+    assert excerpt("short", ("x",), 60) == "short"

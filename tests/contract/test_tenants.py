@@ -22,13 +22,14 @@ from episodic import (
 from episodic.policy import EpisodicCompactionConfig
 from episodic.worker import CompactionOptions, CompactionWorker
 from tests.contract.test_worker import ScriptedSummarizer
-from tests.support import snapshot
+from tests.support import FILE_LISTING, snapshot
 
 
 async def _conversation(store: EpisodicStore, tenant: str) -> UUID:
     scoped = store.for_tenant(tenant)
     conv = await scoped.create_conversation()
-    await scoped.append(conv, [Message.user(f"{tenant} says hello"), Message.assistant("hi")])
+    hello = [Message.user(f"{tenant} says hello"), Message.assistant(f"hi:\n{FILE_LISTING}")]
+    await scoped.append(conv, hello)
     return conv
 
 

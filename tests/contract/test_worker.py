@@ -16,7 +16,7 @@ from episodic.policy import EpisodicCompactionConfig
 from episodic.summarizers import SummarizerError, SummaryResult
 from episodic.worker import CompactionOptions, CompactionWorker, compact_claimed
 from episodic.worker.backoff import JITTER
-from tests.support import snapshot
+from tests.support import FILE_LISTING, snapshot
 
 
 class ScriptedSummarizer:
@@ -51,7 +51,7 @@ async def _due_conversation(store: EpisodicStore, turns: int = 3) -> UUID:
             [
                 Message.user(f"request {turn}"),
                 Message.assistant(None, tool_calls=[ToolCall(id=f"c{turn}", name="run")]),
-                Message.tool_result(f"c{turn}", "output " * 20, name="run"),
+                Message.tool_result(f"c{turn}", f"output {turn}:\n{FILE_LISTING}", name="run"),
                 Message.assistant(f"answer {turn}"),
             ],
         )
@@ -81,7 +81,7 @@ async def test_worker_compacts_a_due_conversation(store: EpisodicStore, database
     assert result.outcome == "succeeded"
     ctx = await store.load_context(conv)
     assert ctx.boundary is not None
-    assert ctx.boundary.summary.endswith("Three requests answered; nothing pending.")
+    assert "\nThree requests answered; nothing pending.\n" in ctx.boundary.summary
     assert ctx.boundary.reason == "unfinished_turns"
     assert ctx.boundary.usage == Usage(input_tokens=10, output_tokens=5)
     assert ctx.boundary.covers_through_seq == 12
@@ -332,7 +332,7 @@ async def test_a_late_write_after_losing_the_lease_is_refused(
     assert late.outcome == "lease_lost"
     boundaries = [e for e in await store.read_events(conv) if isinstance(e, BoundaryEvent)]
     assert len(boundaries) == 1
-    assert boundaries[0].summary.endswith("fresh")
+    assert "\nfresh\n" in boundaries[0].summary
     outcomes = sorted(row[5] for row in await _attempts(database_url, conv))
     assert outcomes == ["lease_lost", "succeeded"]
 

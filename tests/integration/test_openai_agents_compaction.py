@@ -19,6 +19,7 @@ from episodic import BoundaryEvent, EpisodicStore, MessageEvent
 from episodic.policy import EpisodicCompactionConfig
 from episodic.store.projection import rebuild_head
 from episodic.summarizers.extractive import ExtractiveSummarizer
+from episodic.worker import CompactionOptions
 from episodic.worker.runner import CompactionWorker
 from tests.support import counters_of, require_extra
 
@@ -33,6 +34,10 @@ from episodic.integrations.openai_agents import (  # noqa: E402
 )
 
 set_tracing_disabled(True)
+
+#: These sessions are a few words each, smaller than any handoff: the worker would rightly
+#: write no boundary for them. What is tested here is where it cuts and what it expects.
+WHERE_IT_CUTS = CompactionOptions(require_smaller=False)
 
 SUMMARY: dict[str, Any] = {"type": "compaction", "id": "cmp", "encrypted_content": "opaque"}
 ORIGINAL: list[dict[str, Any]] = [{"role": "user", "content": f"question {i}"} for i in range(4)]
@@ -229,7 +234,9 @@ async def test_the_worker_compacts_after_the_sdks_boundary(store: EpisodicStore)
     await run_once(compacting(session, client_returning(SUMMARY)), session_settings={"limit": 1})
     store.trigger = EpisodicCompactionConfig(trigger_unfinished_turns=1)
     await run_once(session, "and now?")
-    worker = CompactionWorker(store, ExtractiveSummarizer(), worker_id="after-sdk")
+    worker = CompactionWorker(
+        store, ExtractiveSummarizer(), options=WHERE_IT_CUTS, worker_id="after-sdk"
+    )
     assert [r.outcome for r in await worker.run_once()] == ["succeeded"]
     items = await session.get_items()
     boundary = (await store.load_context(session.conversation_id)).boundary
@@ -246,7 +253,9 @@ async def test_the_worker_never_covers_a_run_still_in_progress(store: EpisodicSt
     stays before the question; once the run has answered, the next compaction covers it."""
     store.trigger = EpisodicCompactionConfig(trigger_unfinished_turns=1)
     session = EpisodicSession("running", store)
-    worker = CompactionWorker(store, ExtractiveSummarizer(), worker_id="in-progress")
+    worker = CompactionWorker(
+        store, ExtractiveSummarizer(), options=WHERE_IT_CUTS, worker_id="in-progress"
+    )
     await session.add_items(
         [  # type: ignore[list-item]
             {"role": "user", "content": "first question"},
@@ -280,7 +289,9 @@ async def test_compaction_after_a_clear_expects_the_heads_boundary(store: Episod
     the worker must expect the head's, or every later compaction would conflict."""
     store.trigger = EpisodicCompactionConfig(trigger_unfinished_turns=1)
     session = EpisodicSession("cleared", store)
-    worker = CompactionWorker(store, ExtractiveSummarizer(), worker_id="after-clear")
+    worker = CompactionWorker(
+        store, ExtractiveSummarizer(), options=WHERE_IT_CUTS, worker_id="after-clear"
+    )
     await run_once(session, "before the clear")
     assert [r.outcome for r in await worker.run_once()] == ["succeeded"]
     await session.clear_session()

@@ -24,7 +24,7 @@ from uuid import UUID
 import asyncpg
 
 from episodic import EpisodicStore, Message
-from tests.support import asyncpg_dsn
+from tests.support import FILE_LISTING, asyncpg_dsn
 from tests.support_openai import FakeOpenAIServer, Reply
 
 __all__ = [
@@ -204,7 +204,7 @@ async def create_due_conversation(store: EpisodicStore, label: str) -> UUID:
         conversation,
         [
             Message.user(f"{label}: please list the files"),
-            Message.assistant(f"{label}: there are three files"),
+            Message.assistant(f"{label}: there are three files:\n{FILE_LISTING}"),
             Message.user(f"{label}: now summarise the largest one"),
             Message.assistant(f"{label}: it is a report about quarterly sales"),
         ],

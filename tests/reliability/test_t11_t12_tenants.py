@@ -44,6 +44,7 @@ from episodic.worker import CompactionOptions, CompactionWorker
 from episodic.worker.job import compact_claimed
 from tests.reliability.rls import APP, OWNER, WORKER, RlsDatabase, rls_database, settings
 from tests.reliability.sizes import size
+from tests.support import FILE_LISTING
 
 TENANTS = ("acme", "globex")
 TENANT_TABLES = (
@@ -93,7 +94,9 @@ async def _seed(app: EpisodicStore) -> dict[str, list[UUID]]:
                     [
                         Message.user(f"{tenant} secret {index}.{turn}"),
                         Message.assistant(None, tool_calls=[ToolCall(id=f"c{turn}", name="f")]),
-                        Message.tool_result(f"c{turn}", f"{tenant} result", name="f"),
+                        Message.tool_result(
+                            f"c{turn}", f"{tenant} result:\n{FILE_LISTING}", name="f"
+                        ),
                         Message.assistant(f"{tenant} answer"),
                     ],
                 )

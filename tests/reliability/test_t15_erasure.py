@@ -81,7 +81,7 @@ from tests.reliability.rls import (
     settings,
 )
 from tests.reliability.sizes import seeded, seeds, size
-from tests.support import counters_of
+from tests.support import FILE_LISTING, counters_of
 
 TENANTS = ("acme", "globex")
 LEDGER = "episodic_erasures"
@@ -149,7 +149,7 @@ def _round(tag: str, *, tool: bool) -> list[Message]:
     return [
         Message.user(f"{tag} question"),
         Message.assistant(None, tool_calls=[ToolCall(id=f"call-{tag}", name="f")]),
-        Message.tool_result(f"call-{tag}", f"{tag} result", name="f"),
+        Message.tool_result(f"call-{tag}", f"{tag} result:\n{FILE_LISTING}", name="f"),
         Message.assistant(f"{tag} answer"),
     ]
 

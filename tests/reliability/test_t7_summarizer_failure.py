@@ -54,6 +54,7 @@ from episodic.worker.backoff import JITTER
 from tests.conftest import isolated_settings
 from tests.reliability.sizes import seeded, seeds, size
 from tests.reliability.worker_child import fleet, plain_dsn
+from tests.support import FILE_LISTING
 
 pytestmark = pytest.mark.postgres_only
 
@@ -144,7 +145,7 @@ async def test_t7_failures_backoff_and_no_transaction_during_calls(
                     cid,
                     [
                         Message.user(f"job {n}: list the files"),
-                        Message.assistant(f"job {n}: three files"),
+                        Message.assistant(f"job {n}: three files:\n{FILE_LISTING}"),
                         Message.user(f"job {n}: summarise the largest"),
                         Message.assistant(f"job {n}: a sales report"),
                     ],

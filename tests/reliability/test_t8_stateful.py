@@ -114,7 +114,8 @@ CLOCK_SLACK = 0.01  # between this process's clock and the database's now()
 EXPIRY_DEADLINE = 5.0  # seconds the database may take to see a short lease run out
 TRIGGER_TURNS = 3
 MAX_EVENTS = 10_000
-OPTIONS = CompactionOptions(summarizer_timeout=10.0, max_attempts=5)
+# The model's conversations are a few words: whether a boundary shrinks them is not modelled.
+OPTIONS = CompactionOptions(summarizer_timeout=10.0, max_attempts=5, require_smaller=False)
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 T = TypeVar("T")
@@ -687,7 +688,7 @@ def make_machine(run: Runner, store: EpisodicStore, stats: Stats) -> type[RuleBa
                 written = run(store.load_context(self.conv)).boundary
                 assert written is not None
                 assert written.summary.startswith(f"{DEFAULT_SUMMARY_PREFIX}\n")
-                assert text in written.summary or written.summary.endswith(NO_SUMMARY_TEXT)
+                assert text in written.summary or NO_SUMMARY_TEXT in written.summary
                 reason = lease.claim.reason
                 model.boundary(expected_cut, written.summary, retained, reason, by_worker=True)
             elif result.outcome == "nothing_to_compact":

@@ -71,6 +71,7 @@ CONVERSATION_ROUTES: dict[str, tuple[str, str, dict[str, Any] | None]] = {
     "append": ("POST", "/messages", {"messages": [{"role": "user", "content": "x"}]}),
     "read_events": ("GET", "/events", None),
     "load_context": ("GET", "/context", None),
+    "search": ("GET", "/search?q=launch+code", None),
     "mark_run_completed": ("POST", "/run-completed", None),
     "export_conversation": ("GET", "/export", None),
     "erase_conversation": ("POST", "/erase", {"reason": "not yours"}),
@@ -120,6 +121,8 @@ async def test_every_conversation_route_refuses_another_tenant(
     assert await snapshot(store) == before
     mine = await http.get(f"/v1/conversations/{cid}/context", headers=_bearer(acme))
     assert SECRET in mine.text
+    found = await http.get(f"/v1/conversations/{cid}/search?q=launch+code", headers=_bearer(acme))
+    assert SECRET in found.text
 
 
 async def test_bad_input_is_a_problem_and_changes_nothing(

@@ -13,6 +13,7 @@ from episodic.compaction import (
     DEFAULT_SUMMARY_PREFIX,
     NO_SUMMARY_TEXT,
     PROMPT_VERSION,
+    RECALL_TEMPLATE,
     TRANSCRIPT_HEADER,
     TRUNCATION_MARKER,
     CompactionConfig,
@@ -320,6 +321,14 @@ def test_finalize_writes_prefix_newline_trimmed_summary_then_retained_user_messa
     assert [m.text for m in done.messages] == ["[P]\nthe summary", "a", "b"]
     assert done.handoff_text == "[P]\nthe summary"
     assert done.retained_texts == ("a", "b")
+
+
+def test_a_plan_that_knows_its_cut_ends_the_handoff_with_where_to_search() -> None:
+    plan = HandoffPlan(retained_user_messages=(), summary_prefix="[P]", notes_seq=41)
+    text = finalize_compaction(plan, "## Goal\n- fix the login test").handoff_text
+    assert text.endswith(RECALL_TEMPLATE.format(seq=41))
+    assert "seq 41" in text
+    assert "search" in text
 
 
 @pytest.mark.parametrize("summary", ["", "   ", "\n\t"])

@@ -97,6 +97,11 @@ class Compactor(ABC):
     async def context(self) -> list[Message]:
         """What the next model call would see of the history."""
 
+    async def search(self, query: str, limit: int) -> list[str] | None:
+        """The texts of the ``limit`` events of the history that best match ``query``, best
+        first; None for a compactor that keeps no searchable history (the peers)."""
+        return None
+
     def endpoint_or_fail(self) -> Endpoint:
         if self.endpoint is None:
             raise RuntimeError(f"{self.name} calls a model: give it an endpoint")

@@ -22,6 +22,7 @@ from bench.handoff.compactors.base import Compactor
 from episodic import EpisodicStore, Message, Usage
 from episodic.compaction import CompactionConfig
 from episodic.loop import CompactionContext, LlmCompactor, compact_in_run
+from episodic.search import hit_text
 from episodic.summarizers.openai_chat import OpenAIChatSummarizer
 from episodic.worker import CompactionOptions, compact_claimed
 
@@ -81,11 +82,17 @@ class EpisodicWorker(Compactor):
         result = await compact_claimed(
             self.store, self.summarizer, claim, worker=WORKER, options=self.options
         )
-        if result.outcome != "succeeded":
+        # nothing_to_compact: the handoff would not have made the context smaller, so none
+        # was written and the context stays as it is (the worker does the same)
+        if result.outcome not in ("succeeded", "nothing_to_compact"):
             raise RuntimeError(f"episodic's compaction ended {result.outcome}: {result.error}")
 
     async def context(self) -> list[Message]:
         return list((await self.store.load_context(self.conversation)).messages)
+
+    async def search(self, query: str, limit: int) -> list[str] | None:
+        hits = await self.store.search(self.conversation, query, limit=limit)
+        return [hit_text(hit) for hit in hits]
 
 
 @dataclass(frozen=True, slots=True)
