@@ -430,7 +430,7 @@ async def _worker_boundary(
         # it in view there is nothing new to fold in, so the worker writes nothing.
         latest = next((e for e in reversed(events) if isinstance(e, BoundaryEvent)), None)
         stateful = latest is not None and latest.handoff_state is not None
-        unseen = [e for e in events if isinstance(e, MessageEvent) and covers < e.seq <= expected]
+        unseen = [e for e in source if e.seq > covers]  # an empty assistant reply is none
         assert (
             expected <= covers
             or (head.boundary_seq is None and not source)
