@@ -60,10 +60,7 @@ DEFAULT_COMPACTION_PROMPT = _PROMPT_TEMPLATE.format(
 
 NOTES_HEADER = "Notes so far (kept as they are):"
 #: The handoff's last line: what it summarized is still there, and where (store.search).
-RECALL_TEMPLATE = (
-    "(Everything through seq {seq} stays in the log: search the conversation for any exact "
-    "detail not kept here.)"
-)
+RECALL_TEMPLATE = "(The log keeps everything through seq {seq}: search it for exact details.)"
 TRANSCRIPT_HEADER = "Session transcript, oldest first:"
 NO_SUMMARY_TEXT = "(No summary was produced for the earlier part of this session.)"
 TRUNCATION_MARKER = "\n[... cut to fit the token budget ...]\n"
