@@ -2,19 +2,24 @@
 and how an agent reads them.
 
 Both backends match the same way. A query becomes up to :data:`MAX_TERMS` words (stop words
-dropped: they would match almost every event); the database tests each against the text of
-every message of the conversation (its content, the names and arguments of its tool calls,
-a tool result's output), with its own English stemming, so "failing" finds "failed". Hits
-come with the most of the query's words first, and among equals the newest first: recall is
-for what a summary dropped, and the newest mention of a file or error is the one that holds.
-Retracted messages and what a clear emptied from view are not found; an erasure takes the
-events themselves.
+and single letters dropped: they would match almost every event); the database tests each
+against the text of every message of the conversation (its content, the names and arguments
+of its tool calls, a tool result's output), with its own English stemming, so "failing"
+finds "failed", and a longer word as a prefix too (:func:`prefix_forms`: "call" finds
+"callback", "decide" finds "decision"). An identifier or a path is matched as a phrase of
+its parts. Hits rank by the words they hold, each weighted by how rare it is in this
+conversation (a word in every message tells nothing; :func:`rank_hits`), and among equals
+the newest first: recall is for what a summary dropped, and the newest mention of a file or
+error is the one that holds. Retracted messages and what a clear emptied from view are not
+found; an erasure takes the events themselves.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Sequence
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 
 import orjson
 
@@ -29,6 +34,10 @@ MAX_SEARCH_LIMIT = 100
 MAX_QUERY_LENGTH = 2_000
 #: How much of each hit an agent's tool shows, in characters.
 HIT_EXCERPT_CHARS = 600
+#: A word this long or longer also matches as a prefix of the words it is written in.
+MIN_PREFIX_LENGTH = 4
+#: A word this long or longer also matches as a prefix without its last two letters.
+SHORT_PREFIX_FROM = 6
 
 # A word: letters and digits, joined by the punctuation of identifiers and paths
 # (test_auth.py, E-2147, src/app/models.py), so a file name is searched as a phrase.
@@ -65,9 +74,37 @@ def query_terms(query: str) -> tuple[str, ...]:
     terms: list[str] = []
     for match in _WORD.finditer(query.lower()):
         word = match.group()
-        if word not in STOP_WORDS and word not in terms:
+        if len(word) > 1 and word not in STOP_WORDS and word not in terms:
             terms.append(word)
     return tuple(terms[:MAX_TERMS])
+
+
+def prefix_forms(term: str) -> tuple[str, ...]:
+    """The prefixes ``term`` matches as (each stemmed by the database first), or none for a
+    term matched as written: a word (no identifier's or path's parts) of
+    :data:`MIN_PREFIX_LENGTH` letters or more is a prefix, and one of
+    :data:`SHORT_PREFIX_FROM` or more also without its last two letters (stemming alone
+    does not take "decide" to "decision")."""
+    if len(term) < MIN_PREFIX_LENGTH or not term.isalnum():
+        return ()
+    if len(term) < SHORT_PREFIX_FROM:
+        return (term,)
+    return (term, term[:-2])
+
+
+def rank_hits(hits: Iterable[tuple[int, int]], documents: int, limit: int) -> list[int]:
+    """The seqs of the best ``limit`` messages, from ``(seq, term index)`` pairs (each term a
+    message holds) among ``documents`` messages searched: each message scores the weights of
+    the terms it holds, a term's weight ``ln((documents + 1) / messages holding it)`` (the
+    rarer, the more it tells); ties go to the newest. PostgreSQL ranks in SQL the same way
+    (postgres/queries.py, SEARCH_EVENTS)."""
+    pairs = list(hits)
+    holding = Counter(term for _, term in pairs)
+    weight = {term: math.log((documents + 1) / count) for term, count in holding.items()}
+    scores: dict[int, float] = defaultdict(float)
+    for seq, term in pairs:
+        scores[seq] += weight[term]
+    return sorted(scores, key=lambda seq: (-round(scores[seq], 9), -seq))[:limit]
 
 
 def check_search_limit(limit: object) -> None:

@@ -1,6 +1,6 @@
 """store.search: a conversation's own messages found by their words, on both backends alike:
-tool outputs and calls included, the most of the query's words first and then the newest,
-nothing retracted, cleared, another tenant's or erased."""
+tool outputs and calls included, ranked by the words they hold (the rarer, the weightier)
+and then the newest, nothing retracted, cleared, another tenant's or erased."""
 
 from __future__ import annotations
 
@@ -17,7 +17,14 @@ from episodic import (
     ToolCall,
     ValidationError,
 )
-from episodic.search import MAX_SEARCH_LIMIT, MAX_TERMS, excerpt, query_terms
+from episodic.search import (
+    MAX_SEARCH_LIMIT,
+    MAX_TERMS,
+    excerpt,
+    prefix_forms,
+    query_terms,
+    rank_hits,
+)
 from tests.support import snapshot
 
 
@@ -64,11 +71,18 @@ async def test_finds_tool_outputs_calls_and_blocks_by_their_words(store: Episodi
     assert hits[0].message.tool_call_id == "c1"
 
 
-async def test_the_most_words_first_then_the_newest(store: EpisodicStore) -> None:
+async def test_rarer_words_weigh_more_and_ties_go_to_the_newest(store: EpisodicStore) -> None:
     conv = await _session(store)
-    # 6 holds "old token format" (3 words), so does 5; 4 and 3 hold "token" only
+    # 6 and 5 hold "old token format", 4 and 3 only "token" (in 4 of the 6 messages)
     assert await _seqs(store, conv, "old token format") == [6, 5, 4, 3]
-    assert await _seqs(store, conv, "token login") == [3, 6, 5, 4, 1]
+    # "login" is in 2 messages, "token" in 4: 3 holds both, then 1 ("login"), then the rest
+    assert await _seqs(store, conv, "token login") == [3, 1, 6, 5, 4]
+    # a long word is a prefix too ("underst" finds "Understood"), and one of six letters or
+    # more also without its last two ("decide" finds "Decision"); a call's id is not text
+    assert await _seqs(store, conv, "underst") == [6]
+    assert await _seqs(store, conv, "c1") == []
+    await store.append(conv, [Message.assistant("Decision: no migration.")])
+    assert await _seqs(store, conv, "decide") == [7]
     assert await _seqs(store, conv, "old token format", limit=2) == [6, 5]
     assert await _seqs(store, conv, "what is the") == []  # stop words only
     assert await _seqs(store, conv, "kubernetes") == []
@@ -153,3 +167,15 @@ def test_an_excerpt_shows_where_a_long_text_matched() -> None:
     assert "E2147" in excerpt(text, ("failing",), 120)  # by its first letters: "fail"
     assert excerpt(text, ("absent",), 60).startswith("line line")
     assert excerpt("short", ("x",), 60) == "short"
+
+
+def test_ranking_weighs_each_word_by_its_rarity() -> None:
+    # 10 messages; term 0 in 1 of them (seq 3), term 1 in 5 of them
+    hits = [(3, 0), *((seq, 1) for seq in (2, 4, 6, 8, 10))]
+    assert rank_hits(hits, documents=10, limit=3) == [3, 10, 8]
+    assert rank_hits([(3, 1), (3, 0), (9, 0)], documents=10, limit=5) == [3, 9]
+    assert rank_hits([], documents=10, limit=5) == []
+    assert prefix_forms("e-2147") == ()  # a phrase of its parts, as written
+    assert prefix_forms("log") == ()
+    assert prefix_forms("call") == ("call",)
+    assert prefix_forms("decide") == ("decide", "deci")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from importlib.resources import files
 
+from episodic.search import MIN_PREFIX_LENGTH, SHORT_PREFIX_FROM
 from episodic.store.codec import EVENT_COLUMNS
 
 SCHEMA_FILE = "schema.sql"
@@ -174,37 +175,51 @@ SELECT {", ".join(EVENT_COLUMNS)}
  LIMIT $3
 """
 
-# store.search: the messages of one conversation holding any of the query's words, the most of
-# them first, then the newest (episodic/search.py says why). A message's text is every string
-# under its content, tool calls and tool name, with the punctuation of paths and identifiers
-# made spaces (SEARCH_SEPARATORS: PostgreSQL's parser reads "src/app.py" as one token that
-# "app.py" would not find; FTS5 splits it as this does). No index: each message's text is
-# parsed per search (about 60 us per message), which keeps every append free of that work (a
-# GIN index over the text made inserting 5,000 messages 8-10x slower, measured); the scan is
-# one conversation's rows, on its shard under Citus. Retracted messages and those a clear
-# emptied from view are left out.
+# store.search: the messages of one conversation holding the query's words, ranked as
+# episodic.search.rank_hits ranks them (each word weighted by how rare it is among the
+# conversation's messages, ties to the newest). A message's text is every string of its content,
+# its tool calls' names and arguments (not their ids) and its tool name, with the punctuation of
+# paths and identifiers made spaces (SEARCH_SEPARATORS: PostgreSQL's parser reads "src/app.py" as
+# one token that "app.py" would not find; FTS5 splits it as this does); a term that is one long
+# word is a prefix too, and a longer one also without its last two letters
+# (episodic.search.prefix_forms), any other a phrase. No index: each message's text is parsed per
+# search (about 60 us per message), which keeps every append free of that work (a GIN index over
+# the text made inserting 5,000 messages 8-10x slower, measured); the scan is one conversation's
+# rows, on its shard under Citus. Retracted messages and those a clear emptied from view are left
+# out.
 SEARCH_SEPARATORS = "/.-@:"
 _SPACES = " " * len(SEARCH_SEPARATORS)
+#: the text given, the separators made spaces
+_SPACED = f"translate({{}}, '{SEARCH_SEPARATORS}', '{_SPACES}')"
 SEARCH_EVENTS = f"""
 WITH terms AS (
-    SELECT q FROM unnest($2::text[]) AS t,
-         phraseto_tsquery('english', translate(t, '{SEARCH_SEPARATORS}', '{_SPACES}')) AS q
-     WHERE numnode(q) > 0
-)
-SELECT {", ".join(EVENT_COLUMNS)} FROM (
-    SELECT e.*, (SELECT count(*) FROM terms WHERE d.doc @@ terms.q) AS matched
+    SELECT t.ord,
+           CASE WHEN length(t.term) >= {SHORT_PREFIX_FROM} AND t.term ~ '^[[:alnum:]]+$'
+                THEN to_tsquery('english', t.term || ':* | ' || left(t.term, -2) || ':*')
+                WHEN length(t.term) >= {MIN_PREFIX_LENGTH} AND t.term ~ '^[[:alnum:]]+$'
+                THEN to_tsquery('english', t.term || ':*')
+                ELSE phraseto_tsquery('english', {_SPACED.format("t.term")})
+           END AS q
+      FROM unnest($2::text[]) WITH ORDINALITY AS t(term, ord)
+),
+docs AS MATERIALIZED (
+    SELECT e.seq,
+           (SELECT to_tsvector(
+                       'english',
+                       {_SPACED.format("string_agg(s #>> '{}', ' ')")}
+                   )
+              FROM CAST(e.payload AS jsonb) AS p,
+                   jsonb_path_query(
+                       jsonb_build_array(
+                           p -> 'content',
+                           jsonb_path_query_array(p, 'lax $.tool_calls[*].name'),
+                           jsonb_path_query_array(p, 'lax $.tool_calls[*].args'),
+                           jsonb_path_query_array(p, 'lax $.tool_calls[*].arguments_json'),
+                           p -> 'name'
+                       ),
+                       'strict $.** ? (@.type() == "string")'
+                   ) AS s) AS doc
       FROM episodic_events e
-      CROSS JOIN LATERAL (
-          SELECT to_tsvector(
-                     'english',
-                     translate(string_agg(s #>> '{{}}', ' '), '{SEARCH_SEPARATORS}', '{_SPACES}')
-                 ) AS doc
-            FROM CAST(e.payload AS jsonb) AS p,
-                 jsonb_path_query(
-                     jsonb_build_array(p -> 'content', p -> 'tool_calls', p -> 'name'),
-                     'strict $.** ? (@.type() == "string")'
-                 ) AS s
-      ) d
      WHERE e.conversation_id = $1 AND e.kind = 'message'
        AND ($4::text IS NULL OR e.tenant_id = $4)
        AND e.seq > (SELECT coalesce(max(c.seq), 0) FROM episodic_events c
@@ -212,10 +227,24 @@ SELECT {", ".join(EVENT_COLUMNS)} FROM (
        AND NOT EXISTS (SELECT FROM episodic_events r
                         WHERE r.conversation_id = $1 AND r.kind = 'retraction'
                           AND CAST(r.payload AS jsonb) ->> 'retracted_seq' = CAST(e.seq AS text))
-) hits
- WHERE matched > 0
- ORDER BY matched DESC, seq DESC
- LIMIT $3
+),
+hits AS (
+    SELECT d.seq, t.ord FROM docs d JOIN terms t ON numnode(t.q) > 0 AND d.doc @@ t.q
+),
+weights AS (
+    SELECT h.ord, ln((SELECT count(*) FROM docs) + 1.0) - ln(count(*)) AS weight
+      FROM hits h GROUP BY h.ord
+),
+ranked AS (
+    SELECT h.seq, round(CAST(sum(w.weight) AS numeric), 9) AS score
+      FROM hits h JOIN weights w USING (ord)
+     GROUP BY h.seq
+     ORDER BY score DESC, h.seq DESC
+     LIMIT $3
+)
+SELECT {", ".join(f"e.{name}" for name in EVENT_COLUMNS)}
+  FROM ranked JOIN episodic_events e ON e.conversation_id = $1 AND e.seq = ranked.seq
+ ORDER BY ranked.score DESC, ranked.seq DESC
 """
 
 #: The range query episodic_load_tail runs, for plan tests (tests/integration/

@@ -4,8 +4,9 @@ The index lives in a temporary table of the searching connection and is dropped 
 query, so nothing is kept beside the log: an append does no indexing work, and an erasure has
 nothing else to remove. The work is the PostgreSQL backend's (postgres/queries.py,
 SEARCH_EVENTS): the text of each message (its content, its tool calls' names and arguments,
-its tool name) parsed per search, the most of the query's words first, then the newest.
-FTS5's Porter stemmer stands in for PostgreSQL's English configuration.
+its tool name) parsed per search; FTS5 finds which message holds which term (FTS5's Porter
+stemmer standing in for PostgreSQL's English configuration) and episodic.search.rank_hits
+ranks them as PostgreSQL's statement does.
 """
 
 from __future__ import annotations
@@ -14,19 +15,21 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID, uuid4
 
-from sqlalchemy import text
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from episodic.models import StoredEvent
+from episodic.search import prefix_forms, rank_hits
 from episodic.store.codec import EVENT_COLUMNS, decode_event_row
 from episodic.store.schema import events
 
-# A message's searchable text: every string under its content, tool calls and tool name.
+# A message's searchable text: every string of its content, its tool calls (but their ids:
+# the element [1][n]'s key "id") and its tool name.
 _MESSAGE_TEXT = """
 (SELECT group_concat(j.value, ' ')
    FROM json_tree(json_array(e.payload -> '$.content', e.payload -> '$.tool_calls',
                              e.payload -> '$.name')) AS j
-  WHERE j.type = 'text')
+  WHERE j.type = 'text' AND NOT (j.key = 'id' AND j.path GLOB '$[[]1][[][0-9]*]'))
 """
 
 _INDEX = f"""
@@ -45,35 +48,39 @@ SELECT e.seq, {_MESSAGE_TEXT}
 async def search_events(
     conn: AsyncConnection, conversation_id: UUID, terms: Sequence[str], limit: int
 ) -> list[StoredEvent]:
-    """The conversation's messages holding any of ``terms``, the most of them first, then the
-    newest; at most ``limit``."""
+    """The conversation's messages holding any of ``terms``, ranked by
+    :func:`episodic.search.rank_hits`; at most ``limit``."""
     if not terms:
         return []
     table = f"episodic_search_{uuid4().hex}"
     await conn.execute(
         text(f"CREATE VIRTUAL TABLE temp.{table} USING fts5(body, tokenize = 'porter unicode61')")
     )
-    params: dict[str, Any] = {"conversation_id": conversation_id.hex, "limit": limit}
+    params: dict[str, Any] = {"conversation_id": conversation_id.hex}
     try:
         await conn.execute(text(_INDEX.format(table=table)), params)
-        matched = []
+        documents = await conn.scalar(text(f"SELECT count(*) FROM temp.{table}"))
+        matches = []
         for index, term in enumerate(terms):
-            # Each word a phrase: FTS5's own syntax (AND, NEAR, *) is never read from a query.
-            params[f"term{index}"] = '"' + term.replace('"', '""') + '"'
-            matched.append(
-                f"(s.rowid IN (SELECT rowid FROM temp.{table} WHERE {table} MATCH :term{index}))"
+            # Each term a phrase (FTS5's own syntax, AND, NEAR, *, is never read from a
+            # query), a long word a prefix too, as on PostgreSQL.
+            forms = ['"' + form.replace('"', '""') + '"' for form in prefix_forms(term)]
+            params[f"term{index}"] = (
+                " OR ".join(f"{form}*" for form in forms) if forms else '"' + term + '"'
             )
-        columns = ", ".join(f"e.{name}" for name in EVENT_COLUMNS)
+            matches.append(
+                f"SELECT rowid, {index} FROM temp.{table} WHERE {table} MATCH :term{index}"
+            )
+        hits = await conn.execute(text(" UNION ALL ".join(matches)), params)
+        best = rank_hits(((row[0], row[1]) for row in hits), documents or 0, limit)
+        if not best:
+            return []
         rows = await conn.execute(
-            text(
-                f"SELECT {columns} FROM ("
-                f" SELECT s.rowid AS seq, {' + '.join(matched)} AS matched FROM temp.{table} s"
-                ") h JOIN episodic_events e"
-                " ON e.conversation_id = :conversation_id AND e.seq = h.seq"
-                " WHERE h.matched > 0 ORDER BY h.matched DESC, e.seq DESC LIMIT :limit"
-            ).columns(*(events.c[name] for name in EVENT_COLUMNS)),  # typed as the table's
-            params,
+            select(*(events.c[name] for name in EVENT_COLUMNS)).where(
+                events.c.conversation_id == conversation_id, events.c.seq.in_(best)
+            )
         )
-        return [decode_event_row(conversation_id, row) for row in rows]
+        found = {row[0]: decode_event_row(conversation_id, row) for row in rows}
+        return [found[seq] for seq in best if seq in found]
     finally:
         await conn.execute(text(f"DROP TABLE temp.{table}"))
