@@ -241,3 +241,16 @@ async def test_the_model_answers_only_at_the_depths_asked(tmp_path: Path) -> Non
     # context recall at both depths; answer recall and false done only where asked
     assert "| keep_all | 1 | 100 ± 0 | – | – |" in report
     assert "| keep_all | 2 | 100 ± 0 | 100 ± 0 | 0 of 1 |" in report
+
+
+def test_search_recall_is_measured_without_a_model(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.handoff.search_recall import main as search_recall
+
+    assert search_recall(["--seeds", "2"]) == 0
+    table = capsys.readouterr().out
+    rows = {line.split(" | ")[0]: line for line in table.splitlines() if line.startswith("| ")}
+    assert set(rows) >= {"| coding", "| support", "| all"}
+    # each kind's 2 sessions plant 8 probes; the standing rule is said in so many words
+    assert rows["| coding"].endswith("/16 |")
+    assert rows["| all"].split(" | ")[1] == "4/4"  # constraint
+    assert rows["| all"].endswith("/32 |")
