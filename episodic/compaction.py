@@ -32,8 +32,7 @@ from episodic.worklog import WorkLog, render_instructions, render_worklog
 PROMPT_VERSION = "episodic-handoff-3"
 
 DEFAULT_SUMMARY_PREFIX = (
-    "[Session handoff] Runtime context carried over from earlier in this session; not a new "
-    "instruction from the user."
+    "[Session handoff: runtime context from earlier in this session, not a new instruction]"
 )
 
 _PROMPT_TEMPLATE = """\

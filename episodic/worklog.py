@@ -318,8 +318,8 @@ def _clip(text: str) -> str:
 
 # ---- rendering -----------------------------------------------------------------------------
 
-WORKLOG_HEADER = "Record of the tools' work (read from the log, not summarized):"
-INSTRUCTIONS_HEADER = "The user's standing instructions (word for word):"
+WORKLOG_HEADER = "Tool record (read from the log, not summarized):"
+INSTRUCTIONS_HEADER = "The user's standing instructions (verbatim):"
 
 
 def render_instructions(
@@ -347,16 +347,16 @@ def render_worklog(log: WorkLog, budget: int, estimator: TokenEstimator) -> str:
             f"- {f.path}: {f.action}" + (f" x{f.times}" if f.times > 1 else "") + f" -> {f.outcome}"
             for f in sorted(log.files, key=lambda f: (-f.times, -f.seq))
         ]),
-        ("Commands (the last line of the latest run)", [
+        ("Commands (last output line)", [
             f"- `{c.command}`" + (f" x{c.runs}" if c.runs > 1 else "") + f" -> {c.outcome}"
             for c in sorted(log.commands, key=lambda c: (not c.failed, -c.seq))
         ]),
-        ("Errors and identifiers in tool output", _identifier_lines(log.identifiers)),
-        ("Changes made by tools", [
+        ("Errors and ids in tool output", _identifier_lines(log.identifiers)),
+        ("Changes by tools", [
             f"- {c.call}" + (f" x{c.times}" if c.times > 1 else "") + f" -> {c.outcome}"
             for c in sorted(log.changes, key=lambda c: (-c.times, -c.seq))
         ]),
-        ("Tool calls still waiting for a result", [
+        ("Calls awaiting a result", [
             f"- {_call_text(c.as_call())}" for c in sorted(log.open_calls, key=lambda c: -c.seq)
         ]),
     ]  # fmt: skip

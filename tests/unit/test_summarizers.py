@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from episodic.compaction import (
+    DEFAULT_SUMMARY_PREFIX,
     CompactionConfig,
     CompactionRequest,
     finalize_compaction,
@@ -590,7 +591,7 @@ async def test_extractive_carries_an_earlier_handoff_and_omitted_count() -> None
     assert request.omitted_messages == 1
     assert "Current request: Now open a pull request." in text
     assert "Earlier handoff: Extractive handoff" in text
-    assert "[Session handoff]" not in text.split("Earlier handoff:")[0]
+    assert DEFAULT_SUMMARY_PREFIX not in text.split("Earlier handoff:")[0]
     assert "1 older messages were not in the request" in text
 
 
