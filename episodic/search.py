@@ -21,8 +21,6 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
-import orjson
-
 from episodic.errors import ValidationError
 from episodic.models import MessageEvent
 
@@ -118,10 +116,7 @@ def check_search_limit(limit: object) -> None:
 def hit_text(hit: MessageEvent) -> str:
     """A hit's whole text as a model reads it: the message's text, then its tool calls."""
     message = hit.message
-    calls = ", ".join(
-        f"{call.name}({call.arguments_json or orjson.dumps(call.args).decode()})"
-        for call in message.tool_calls
-    )
+    calls = ", ".join(f"{call.name}({call.arguments_text()})" for call in message.tool_calls)
     if not calls:
         return message.text
     return f"{message.text}\n[calls {calls}]" if message.text else f"[calls {calls}]"

@@ -293,8 +293,9 @@ class EventPage(BaseModel):
 
 
 class SearchResults(BaseModel):
-    """The conversation's messages holding the query's words: the most of them first, then
-    the newest (their seqs say where they stand in the log)."""
+    """The conversation's messages holding the query's words, best first (each word weighed
+    by how rare it is in the conversation), then the newest; their seqs say where they stand
+    in the log."""
 
     conversation_id: UUID
     query: str

@@ -575,9 +575,10 @@ class EpisodicStore:
         self, conversation_id: UUID | str, query: str, *, limit: int = 10
     ) -> list[MessageEvent]:
         """The conversation's messages that hold the words of ``query`` (tool outputs
-        included), with their seqs: the most of its words first, then the newest, at most
-        ``limit``. Finds what any compaction summarized away, since the log keeps it;
-        retracted messages, those before a clear, and erased conversations are not found.
+        included), with their seqs: best first (each word weighed by how rare it is in the
+        conversation), then the newest, at most ``limit``. Finds what any compaction
+        summarized away, since the log keeps it; retracted messages, those before a clear,
+        and erased conversations are not found.
         ``query`` is a few words (stop words are ignored; see episodic/search.py)."""
         await self._ready()
         cid = parse_conversation_id(conversation_id)
