@@ -46,6 +46,7 @@ from episodic.models import (
     StoredEvent,
     TextBlock,
     ToolCall,
+    UnpinEvent,
     Usage,
     UsageEvent,
 )
@@ -131,6 +132,7 @@ __all__ = [
     "ToolCall",
     "ToolPairingError",
     "TransientDatabaseError",
+    "UnpinEvent",
     "UnsafeCutError",
     "Usage",
     "UsageEvent",

@@ -10,7 +10,7 @@ messages, so they cannot pile up.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Annotated, Self
 
 from pydantic import ConfigDict, Field
@@ -83,8 +83,11 @@ class CompactionConfig(EpisodicModel):
     auto_compact_token_limit: _TokenCount = 300_000
     compact_request_token_limit: _TokenCount = 250_000
     recent_user_token_budget: _TokenCount = 20_000
-    #: the user's standing instructions the handoff carries word for word
+    #: the user's standing instructions the handoff carries word for word (pinned first)
     instructions_token_budget: _TokenCount = 2_000
+    #: also carry user sentences that read as standing rules ("always ...", "never ..."),
+    #: besides the messages the application pinned
+    detect_instructions: bool = True
     #: the handoff's notes (the model's narrative, kept across compactions)
     notes_token_budget: _TokenCount = 4_000
     #: the handoff's record of what the tools did (files, commands, errors, instructions)
@@ -225,6 +228,7 @@ def prepare_compaction(
     previous: HandoffState | None = None,
     new_from: int = 0,
     cut_seq: int = 0,
+    unpinned: Collection[int] = (),
 ) -> PreparedCompaction | None:
     """``None`` while ``messages`` are below the limit; otherwise the summarizer request and
     the handoff plan (see the module docstring).
@@ -232,7 +236,8 @@ def prepare_compaction(
     ``previous`` is the state of the boundary ``messages`` start from, and ``messages[new_from:]``
     what came after it: only those are shown to the model, beside the notes so far, and folded
     into the record. Without it, every message is (the handoff of a boundary that carries no
-    state is then read as a message like the others).
+    state is then read as a message like the others). ``unpinned`` are the seqs of the pinned
+    messages the log has unpinned since: the handoff stops carrying them.
     """
     rendered = [render_message(m, reasoning_char_cap=config.reasoning_char_cap) for m in messages]
     costs = [estimator.count(text) for text in rendered]
@@ -242,7 +247,9 @@ def prepare_compaction(
     new = new_from if previous is not None else 0
     state = previous or HandoffState()
     worklog = state.worklog.fold(
-        [m for m in messages[new:] if not user_text(m).startswith(config.summary_prefix)]
+        [m for m in messages[new:] if not user_text(m).startswith(config.summary_prefix)],
+        unpinned=unpinned,
+        detect_instructions=config.detect_instructions,
     )
     retained = select_retained_user_messages(
         messages, config.recent_user_token_budget, estimator, summary_prefix=config.summary_prefix

@@ -22,6 +22,7 @@ from episodic.models import (
     RunCompletedEvent,
     StateEvent,
     StoredEvent,
+    UnpinEvent,
     UsageEvent,
 )
 
@@ -101,6 +102,8 @@ def describe_event(event: StoredEvent) -> str:
         return f"state set: {', '.join(keys)}"
     if isinstance(event, DeletionEvent):
         return "deleted: hidden and closed to writes; the log is kept"
+    if isinstance(event, UnpinEvent):
+        return f"unpinned seq {event.unpinned_seq}: later handoffs stop carrying it"
     return "cleared: the context starts after this event"
 
 
@@ -113,6 +116,8 @@ def describe_message(message: Message) -> str:
     if message.role == "tool":
         status = "error" if message.is_error else "ok"
         parts.insert(0, f"result #{message.tool_call_id} {message.name or ''} {status}:")
+    if message.pinned:
+        parts.insert(0, "[pinned]")
     return " ".join(parts)
 
 

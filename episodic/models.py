@@ -306,6 +306,9 @@ class Message(EpisodicModel):
     readable private reasoning; ``client_id`` is the caller's own id for the message, unique
     within a conversation, so a retried append cannot store it twice. ``seq``,
     ``created_at`` and ``token_estimate`` are set on messages that come back from the store.
+    ``pinned`` (user messages only) makes the message a standing instruction: every later
+    handoff the worker writes carries its text word for word, until
+    :meth:`EpisodicStore.unpin` is called with its seq.
 
     Invalid fields raise :class:`episodic.errors.ValidationError` (a ``ValueError``).
     """
@@ -322,6 +325,7 @@ class Message(EpisodicModel):
     native: NativePayload | None = None
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
     client_id: Annotated[str, Field(min_length=1, max_length=512)] | None = None
+    pinned: bool = False
 
     seq: int | None = None
     created_at: datetime | None = None
@@ -341,6 +345,8 @@ class Message(EpisodicModel):
             raise ValueError(f"only tool results carry tool_call_id, not {role}")
         elif self.is_error:
             raise ValueError("only tool results can be marked is_error")
+        if self.pinned and role != "user":
+            raise ValueError(f"only user messages can be pinned as instructions, not {role}")
         if role in ("user", "system") and self.content is None:
             raise ValueError(f"a {role} message needs content")
         if role == "system" and not isinstance(self.content, str):
@@ -495,13 +501,21 @@ class Message(EpisodicModel):
 
 #: Message fields a payload leaves out at their default. Empty content stays: without it a
 #: user message would read back as one with no content, which is not valid.
-_LEFT_OUT_WHEN_EMPTY = ("tool_calls", "is_error", "metadata")
+_LEFT_OUT_WHEN_EMPTY = ("tool_calls", "is_error", "metadata", "pinned")
 
 
 # ---- the log ----------------------------------------------------------------------------
 
 EventKind: TypeAlias = Literal[
-    "message", "boundary", "run_completed", "retraction", "clear", "usage", "state", "deletion"
+    "message",
+    "boundary",
+    "run_completed",
+    "retraction",
+    "clear",
+    "usage",
+    "state",
+    "deletion",
+    "unpin",
 ]
 #: Every kind of event, in the order above: the one list the log's CHECK constraint, the
 #: export format and the loaders derive theirs from (schema.sql's CHECK is compared with it).
@@ -596,6 +610,14 @@ class UsageEvent(_EventBase):
     usage: Usage
 
 
+class UnpinEvent(_EventBase):
+    """The pinned user message at ``unpinned_seq`` no longer a standing instruction: handoffs
+    written after this event stop carrying it (the message itself stays where it is)."""
+
+    kind: Literal["unpin"] = "unpin"
+    unpinned_seq: int
+
+
 class StateChange(EpisodicModel):
     """What a write changes in the state kept beside the log (an agent framework's session
     state): each key given replaces the stored value, whatever it was (a dict is not merged
@@ -637,7 +659,8 @@ StoredEvent = Annotated[
     | ClearEvent
     | UsageEvent
     | StateEvent
-    | DeletionEvent,
+    | DeletionEvent
+    | UnpinEvent,
     Field(discriminator="kind"),
 ]
 
@@ -714,6 +737,7 @@ __all__ = [
     "StoredEvent",
     "TextBlock",
     "ToolCall",
+    "UnpinEvent",
     "Usage",
     "UsageEvent",
     "construct_valid",

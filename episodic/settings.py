@@ -108,6 +108,11 @@ class EpisodicSettings(BaseSettings):
         ge=0,
         description="The user's standing instructions each handoff carries word for word.",
     )
+    detect_instructions: bool = Field(
+        default=True,
+        description="Besides the messages appended with pinned, carry user sentences that "
+        "read as standing rules ('always ...', 'never ...').",
+    )
     notes_token_budget: int = Field(
         default=4_000, ge=0, description="The handoff's notes, kept across compactions."
     )
@@ -198,7 +203,7 @@ class EpisodicSettings(BaseSettings):
 
     def compaction_config(self) -> CompactionConfig:
         """The compaction limits these settings describe."""
-        return CompactionConfig().with_limits(
+        return CompactionConfig(detect_instructions=self.detect_instructions).with_limits(
             compact_request_token_limit=self.compact_request_token_limit,
             recent_user_token_budget=self.recent_user_token_budget,
             instructions_token_budget=self.instructions_token_budget,

@@ -15,7 +15,7 @@ and a result marked as an error is shown as one.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Annotated, TypeAlias, TypeVar
 
 from pydantic import ConfigDict, Field, JsonValue
@@ -112,9 +112,14 @@ class OpenCall(EpisodicModel):
 
 
 class Instruction(EpisodicModel):
+    """A standing instruction of the user: a whole message the application pinned, or a
+    sentence that reads as one (see :data:`_STANDING`)."""
+
     model_config = _FROZEN
     text: str
     seq: int
+    #: the application pinned the message (carried until unpinned; never trimmed)
+    pinned: bool = False
 
 
 class WorkLog(EpisodicModel):
@@ -129,13 +134,21 @@ class WorkLog(EpisodicModel):
     open_calls: tuple[OpenCall, ...] = ()
     instructions: tuple[Instruction, ...] = ()
 
-    def fold(self, messages: Sequence[Message]) -> WorkLog:
+    def fold(
+        self,
+        messages: Sequence[Message],
+        *,
+        unpinned: Collection[int] = (),
+        detect_instructions: bool = True,
+    ) -> WorkLog:
         """This log with ``messages`` (oldest first) folded in. A message without a seq
-        takes its position after the newest seq seen so far."""
-        folding = _Folding(self)
+        takes its position after the newest seq seen so far. A pinned user message is an
+        instruction until its seq is among ``unpinned``; with ``detect_instructions``, so is
+        any user sentence that reads as a standing rule."""
+        folding = _Folding(self, detect_instructions=detect_instructions)
         for message in messages:
             folding.add(message)
-        return folding.result()
+        return folding.result(unpinned)
 
 
 _Dated: TypeAlias = (
@@ -144,7 +157,8 @@ _Dated: TypeAlias = (
 
 
 class _Folding:
-    def __init__(self, log: WorkLog) -> None:
+    def __init__(self, log: WorkLog, *, detect_instructions: bool) -> None:
+        self.detect_instructions = detect_instructions
         self.files = {entry.path: entry for entry in log.files}
         self.changes = {entry.call: entry for entry in log.changes}
         self.commands = {entry.command: entry for entry in log.commands}
@@ -159,7 +173,10 @@ class _Folding:
 
     def add(self, message: Message) -> None:
         self.seq = message.seq if message.seq is not None else self.seq + 1
-        if message.role == "user":
+        if message.role == "user" and message.pinned:
+            text = message.text.strip()
+            _newest(self.instructions, text, Instruction(text=text, seq=self.seq, pinned=True))
+        elif message.role == "user" and self.detect_instructions:
             self._instructions(message.text)
         for call in message.tool_calls:
             self.open[call.id] = OpenCall(id=call.id, name=call.name, args=call.args, seq=self.seq)
@@ -170,7 +187,8 @@ class _Folding:
 
     def _instructions(self, text: str) -> None:
         for sentence in _sentences(text):
-            if _STANDING.search(sentence):
+            found = self.instructions.get(sentence)
+            if _STANDING.search(sentence) and not (found is not None and found.pinned):
                 _newest(self.instructions, sentence, Instruction(text=sentence, seq=self.seq))
 
     def _result(self, call: ToolCall, result: Message) -> None:
@@ -227,17 +245,22 @@ class _Folding:
                     ),
                 )
 
-    def result(self) -> WorkLog:
+    def result(self, unpinned: Collection[int]) -> WorkLog:
         def newest(entries: dict[str, _Entry]) -> tuple[_Entry, ...]:
             return tuple(entries.values())[-MAX_ENTRIES:]
 
+        gone = set(unpinned)
+        # Pinned instructions stay until unpinned, however many there are; the application
+        # chose them. Only the detected ones are trimmed.
+        pinned = {k: i for k, i in self.instructions.items() if i.pinned and i.seq not in gone}
+        detected = {k: i for k, i in self.instructions.items() if not i.pinned}
         return WorkLog(
             files=newest(self.files),
             changes=newest(self.changes),
             commands=newest(self.commands),
             identifiers=newest(self.identifiers),
             open_calls=newest(self.open),
-            instructions=newest(self.instructions),
+            instructions=tuple(pinned.values()) + newest(detected),
         )
 
 
@@ -325,13 +348,16 @@ INSTRUCTIONS_HEADER = "The user's standing instructions (verbatim):"
 def render_instructions(
     log: WorkLog, budget: int, estimator: TokenEstimator, *, shown: Sequence[str] = ()
 ) -> str:
-    """The user's standing instructions, newest first, within ``budget`` tokens; those found
-    word for word in ``shown`` (the user messages the context keeps beside the handoff) are
-    not repeated. Empty when there are none to show."""
+    """The user's standing instructions within ``budget`` tokens: the pinned ones first, in
+    the order they were given, then those detected, newest first; those found word for word
+    in ``shown`` (the user messages the context keeps beside the handoff) are not repeated.
+    Empty when there are none to show."""
     beside = [" ".join(text.split()) for text in shown]
     entries = [
         f"- {i.text}"
-        for i in sorted(log.instructions, key=lambda i: -i.seq)
+        for i in sorted(
+            log.instructions, key=lambda i: (not i.pinned, i.seq if i.pinned else -i.seq)
+        )
         if not any(" ".join(i.text.split()) in text for text in beside)
     ]
     return _render(INSTRUCTIONS_HEADER, [("", entries)], budget, estimator)

@@ -50,6 +50,7 @@ from episodic.server.schemas import (
     LoadedContext,
     NewConversation,
     SearchResults,
+    Unpin,
 )
 from episodic.store import EpisodicStore
 
@@ -364,6 +365,22 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
         last = events[-1].seq
         response.headers["ETag"] = etag(last)
         return Appended(events=list(events), last_seq=last)
+
+    @router.post(
+        "/conversations/{conversation_id}/unpin",
+        status_code=201,
+        response_model=Appended,
+        dependencies=[JsonBody],
+        responses={201: with_etag("recorded")},
+    )
+    async def unpin(
+        store: Store, conversation_id: UUID, body: Unpin, response: Response
+    ) -> Appended:
+        """Stop carrying a pinned user message as a standing instruction: handoffs written
+        from now on leave it out. The message stays in the log; the unpin is an event."""
+        event = await store.unpin(conversation_id, body.seq)
+        response.headers["ETag"] = etag(event.seq)
+        return Appended(events=[event], last_seq=event.seq)
 
     @router.get("/conversations/{conversation_id}/events", response_model=EventPage)
     async def read_events(

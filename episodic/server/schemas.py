@@ -188,6 +188,11 @@ class NewUserMessage(_NewMessage):
     content: NewContent
     tool_calls: NoToolCalls = Field(default_factory=list)
     is_error: Literal[False] = False
+    pinned: bool = Field(
+        default=False,
+        description="a standing instruction: every later handoff carries it word for word, "
+        "until it is unpinned (POST .../unpin)",
+    )
 
 
 class NewSystemMessage(_NewMessage):
@@ -275,6 +280,12 @@ class AppendBatch(WithUsage):
 
     format: Literal["episodic"] = "episodic"
     messages: list[NewMessage] = Field(min_length=1)
+
+
+class Unpin(RequestModel):
+    """Which pinned user message stops being a standing instruction."""
+
+    seq: Integer = Field(ge=1, description="the seq of a user message appended with pinned")
 
 
 class Appended(BaseModel):

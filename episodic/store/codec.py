@@ -32,6 +32,7 @@ from episodic.models import (
     StoredEvent,
     TextBlock,
     ToolCall,
+    UnpinEvent,
     Usage,
     UsageEvent,
     construct_valid,
@@ -244,6 +245,10 @@ def decode_event(
         return construct_valid(StateEvent, {**envelope, "kind": "state", "change": change})
     if kind == "deletion":
         return construct_valid(DeletionEvent, {**envelope, "kind": "deletion"})
+    if kind == "unpin":
+        return construct_valid(
+            UnpinEvent, {**envelope, "kind": "unpin", "unpinned_seq": body["unpinned_seq"]}
+        )
     return boundary_from_payload(body, conversation_id, seq, created, token_estimate)
 
 

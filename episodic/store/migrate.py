@@ -32,6 +32,7 @@ REVISIONS = (
     "0012_erasure",
     "0013_distributable",
     "0014_api_keys",
+    "0015_unpin",
 )
 HEAD_REVISION = REVISIONS[-1]
 

@@ -1,7 +1,7 @@
 """The events planned from the head rather than appended by a function of the database: a
 retraction and a clear, which change what is in view without rewriting the log
-(episodic/view.py says what is in view), a usage report that comes after its messages, and
-a deletion.
+(episodic/view.py says what is in view), a usage report that comes after its messages, an
+unpin, and a deletion.
 Each is planned here from the head and the events after its cut, and the backend writes it
 only if the head has not moved since, so two concurrent retractions take back two messages,
 never one twice. What the write sets besides the counters is :func:`write_event_columns`,
@@ -20,6 +20,7 @@ from episodic.models import (
     MessageEvent,
     RetractionEvent,
     StoredEvent,
+    UnpinEvent,
     Usage,
     UsageEvent,
 )
@@ -32,10 +33,10 @@ from episodic.view import in_view, retraction_target
 
 @dataclass(frozen=True, slots=True)
 class PlannedEvent:
-    """A retraction, a clear, a usage report or a deletion, planned here from the head and
-    the tail, and written only if the head is still the one it was planned on."""
+    """A retraction, a clear, a usage report, an unpin or a deletion, planned here from the
+    head and the tail, and written only if the head is still the one it was planned on."""
 
-    event: RetractionEvent | ClearEvent | UsageEvent | DeletionEvent
+    event: RetractionEvent | ClearEvent | UsageEvent | UnpinEvent | DeletionEvent
     payload: str
     #: the head's counters once it is stored
     counters: HeadCounters
@@ -99,6 +100,26 @@ def plan_usage(conversation_id: UUID, usage: Usage, head: HeadState, now: dateti
     )
 
 
+def plan_unpin(
+    conversation_id: UUID, unpinned_seq: int, head: HeadState, now: datetime
+) -> PlannedEvent:
+    """Unpin the pinned message at ``unpinned_seq`` (the store checked it is one): the context
+    is as it was; the worker's next handoffs stop carrying it."""
+    seq = head.counters.last_seq + 1
+    event = UnpinEvent(
+        conversation_id=conversation_id,
+        seq=seq,
+        created_at=now,
+        token_estimate=0,
+        unpinned_seq=unpinned_seq,
+    )
+    return PlannedEvent(
+        event=event,
+        payload=encode_json({"unpinned_seq": unpinned_seq}, what="unpin"),
+        counters=head.counters.after_event(seq=seq),
+    )
+
+
 def plan_deletion(conversation_id: UUID, head: HeadState, now: datetime) -> PlannedEvent:
     """Delete the conversation: a tombstone after its last event (the head hides it)."""
     seq = head.counters.last_seq + 1
@@ -136,6 +157,7 @@ __all__ = [
     "plan_clear",
     "plan_deletion",
     "plan_retraction",
+    "plan_unpin",
     "plan_usage",
     "write_event_columns",
 ]

@@ -24,6 +24,7 @@ from episodic.models import (
     RunCompletedEvent,
     StateEvent,
     StoredEvent,
+    UnpinEvent,
     Usage,
     UsageEvent,
 )
@@ -256,7 +257,7 @@ class HeadFold:
             head = head.after_clear(seq=event.seq)
         elif isinstance(event, UsageEvent):
             head = head.after_usage(event.usage, seq=event.seq)
-        elif isinstance(event, StateEvent | DeletionEvent):
+        elif isinstance(event, StateEvent | DeletionEvent | UnpinEvent):
             head = head.after_event(seq=event.seq)
         if head.covers_through_seq != self.head.covers_through_seq:
             self._tail = [e for e in self._tail if e.seq > head.covers_through_seq]

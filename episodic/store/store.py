@@ -34,6 +34,7 @@ from episodic.models import (
     RunCompletedEvent,
     StateChange,
     StoredEvent,
+    UnpinEvent,
     Usage,
     UsageEvent,
     construct_valid,
@@ -84,6 +85,7 @@ from episodic.store.planned_events import (
     plan_clear,
     plan_deletion,
     plan_retraction,
+    plan_unpin,
     plan_usage,
 )
 from episodic.store.projection import HeadState, abandoned_result_tokens, counters_of
@@ -535,6 +537,30 @@ class EpisodicStore:
         )
         assert written is not None
         assert isinstance(written.event, UsageEvent)
+        return written.event.model_copy(update={"created_at": utc(written.event.created_at)})
+
+    async def unpin(self, conversation_id: UUID | str, seq: int) -> UnpinEvent:
+        """Stop carrying the pinned user message at ``seq`` as a standing instruction: an
+        :class:`UnpinEvent` is appended, and the handoffs written after it leave the message
+        out (the message stays in the log and, while in view, in the context). A seq that is
+        not a pinned user message of this conversation is a :class:`ValidationError`, and
+        nothing is written."""
+        cid = await self._parsed(conversation_id)
+        check_seq(seq, "seq")
+        found = await self.read_events(cid, after_seq=seq - 1, limit=1) if seq >= 1 else []
+        target = found[0] if found and found[0].seq == seq else None
+        if not isinstance(target, MessageEvent) or not target.message.pinned:
+            what = "no event" if target is None else f"a {_what_event(target)}"
+            raise ValidationError(
+                f"seq {seq} of conversation {cid} is {what}, not a pinned user message: only a "
+                "message appended with pinned=True can be unpinned",
+                field="seq",
+            )
+        written = await self._write_planned(
+            cid, lambda head, tail, now: plan_unpin(cid, seq, head, now)
+        )
+        assert written is not None
+        assert isinstance(written.event, UnpinEvent)
         return written.event.model_copy(update={"created_at": utc(written.event.created_at)})
 
     async def _parsed(self, conversation_id: UUID | str) -> UUID:
@@ -1047,6 +1073,12 @@ def _raise_for_refusal(
             abandoned=outcome == "orphan_abandoned",
         )
     raise AssertionError(f"unknown write outcome {outcome!r}")
+
+
+def _what_event(event: StoredEvent) -> str:
+    if isinstance(event, MessageEvent):
+        return f"{event.message.role} message that is not pinned"
+    return f"{event.kind} event"
 
 
 __all__ = [

@@ -22,6 +22,7 @@ from episodic.compaction import (
 )
 from episodic.context import Context, boundary_messages, compose_context, tail_messages
 from episodic.errors import ConflictError, LeaseLostError, NotFoundError
+from episodic.models import UnpinEvent
 from episodic.policy import resting_cut
 from episodic.rendering import context_token_estimate
 from episodic.store import EpisodicStore
@@ -133,6 +134,7 @@ async def compact_claimed(
             previous=previous,
             new_from=new_from,
             cut_seq=cut,
+            unpinned=[event.unpinned_seq for event in tail if isinstance(event, UnpinEvent)],
         )
         if prepared is None:
             return await _end(

@@ -73,6 +73,7 @@ CONVERSATION_ROUTES: dict[str, tuple[str, str, dict[str, Any] | None]] = {
     "load_context": ("GET", "/context", None),
     "search": ("GET", "/search?q=launch+code", None),
     "mark_run_completed": ("POST", "/run-completed", None),
+    "unpin": ("POST", "/unpin", {"seq": 1}),
     "export_conversation": ("GET", "/export", None),
     "erase_conversation": ("POST", "/erase", {"reason": "not yours"}),
     "compact_now": ("POST", "/compact", None),

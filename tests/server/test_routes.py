@@ -207,6 +207,7 @@ async def test_keys_scope_every_request_to_their_tenant(
         ("GET", f"/v1/conversations/{cid}/search?q=secret", None),
         ("POST", f"/v1/conversations/{cid}/messages", {"messages": [_user("x")]}),
         ("POST", f"/v1/conversations/{cid}/run-completed", None),
+        ("POST", f"/v1/conversations/{cid}/unpin", {"seq": 1}),
     ]:
         response = await anonymous.request(method, path, json=body, headers=as_globex)
         assert response.status_code == 404, (method, path, response.text)
@@ -451,3 +452,28 @@ async def test_search_finds_messages_by_their_words_and_refuses_a_blank_query(
         assert refused.headers["content-type"] == PROBLEM
     missing = await client.get(f"/v1/conversations/{uuid.uuid4()}/search", params={"q": "x"})
     assert missing.status_code == 404
+
+
+async def test_a_pinned_message_is_unpinned_by_an_event(client: httpx.AsyncClient) -> None:
+    cid = await _create(client)
+    appended = await client.post(
+        f"/v1/conversations/{cid}/messages",
+        json={"messages": [{**_user("always answer in French"), "pinned": True}, _user("hi")]},
+    )
+    assert appended.status_code == 201, appended.text
+    assert [e["message"].get("pinned", False) for e in appended.json()["events"]] == [True, False]
+    unpinned = await client.post(f"/v1/conversations/{cid}/unpin", json={"seq": 1})
+    assert unpinned.status_code == 201, unpinned.text
+    assert unpinned.headers["ETag"] == '"3"'
+    [event] = unpinned.json()["events"]
+    assert (event["kind"], event["seq"], event["unpinned_seq"]) == ("unpin", 3, 1)
+    for body in ({"seq": 2}, {"seq": 0}, {"seq": "one"}, {}):
+        refused = await client.post(f"/v1/conversations/{cid}/unpin", json=body)
+        assert refused.status_code == 422, (body, refused.text)
+        assert refused.headers["content-type"] == PROBLEM
+    assistant = {"role": "assistant", "content": "ok", "pinned": True}
+    refused = await client.post(f"/v1/conversations/{cid}/messages", json={"messages": [assistant]})
+    assert refused.status_code == 422, refused.text
+    missing = await client.post(f"/v1/conversations/{uuid.uuid4()}/unpin", json={"seq": 1})
+    assert missing.status_code == 404
+    assert (await client.get(f"/v1/conversations/{cid}")).json()["conversation"]["last_seq"] == 3

@@ -170,3 +170,20 @@ def test_folding_in_steps_is_folding_at_once(messages: list[Message], data: st.D
         start = cut
     assert log == WorkLog().fold(messages)
     assert WorkLog.model_validate_json(log.model_dump_json()) == log
+
+
+def test_a_pinned_message_is_one_instruction_kept_until_unpinned() -> None:
+    pinned = Message(role="user", content="Reply in French.\nCite the ticket.", seq=9, pinned=True)
+    many = [_user(10 + n, f"Always use tool number {n}.") for n in range(150)]
+    log = WorkLog().fold([pinned, *many])
+    # the whole message, word for word, and never trimmed with the detected ones
+    assert log.instructions[0].text == "Reply in French.\nCite the ticket."
+    assert log.instructions[0].pinned
+    assert len(log.instructions) == 1 + 100
+    rendered = render_instructions(log, 10_000, ESTIMATOR)
+    assert rendered.splitlines()[1] == "- Reply in French."  # pinned first
+    assert "Always use tool number 149." in rendered.splitlines()[3]  # then the newest
+    # an unpin seen at any later compaction drops it from the carried log
+    later = log.fold([_user(200, "next")], unpinned=[9])
+    assert not any(i.pinned for i in later.instructions)
+    assert not WorkLog().fold(many, detect_instructions=False).instructions

@@ -147,7 +147,7 @@ CREATE TABLE episodic_events (
     CONSTRAINT ck_episodic_events_kind
         CHECK ((kind = ANY (ARRAY['message'::text, 'boundary'::text, 'run_completed'::text,
                                'retraction'::text, 'clear'::text, 'usage'::text,
-                               'state'::text, 'deletion'::text]))),
+                               'state'::text, 'deletion'::text, 'unpin'::text]))),
     CONSTRAINT ck_episodic_events_seq_positive CHECK ((seq > 0)),
     CONSTRAINT pk_episodic_events PRIMARY KEY (conversation_id, seq)
 );
