@@ -164,6 +164,9 @@ class HandoffPlan(EpisodicModel):
     notes_seq: int = 0
     #: the prompt the model was given: a note that only copies a line of it is dropped
     compaction_prompt: str = ""
+    #: what the tools printed in the messages the model was shown: a note that only copies
+    #: a line of it is dropped too (the record keeps what matters of it: failures, ids)
+    tool_output: tuple[str, ...] = ()
     instructions_token_budget: int = CompactionConfig.model_fields[
         "instructions_token_budget"
     ].default
@@ -284,6 +287,7 @@ def prepare_compaction(
         worklog=worklog,
         notes_seq=cut_seq,
         compaction_prompt=config.compaction_prompt,
+        tool_output=tuple(m.text for m in messages[first_kept:] if m.role == "tool"),
         instructions_token_budget=config.instructions_token_budget,
         notes_token_budget=config.notes_token_budget,
         worklog_token_budget=config.worklog_token_budget,
@@ -380,7 +384,10 @@ def finalize_compaction(
         plan.worklog, plan.instructions_token_budget, estimator, shown=plan.retained_user_messages
     )
     record = render_worklog(plan.worklog, plan.worklog_token_budget, estimator)
-    added = drop_echoes(parse_notes(summary, seq=plan.notes_seq), (plan.compaction_prompt, record))
+    # A note that copies what the handoff already says (the prompt's own lines, the record,
+    # a carried instruction) or a line a tool printed adds nothing but its tokens.
+    echoed = (plan.compaction_prompt, record, instructions, *plan.tool_output)
+    added = drop_echoes(parse_notes(summary, seq=plan.notes_seq), echoed)
     notes, kept = render_notes(merge_notes(plan.notes, added), plan.notes_token_budget, estimator)
     body = "\n\n".join(part for part in (instructions, notes, record) if part) or NO_SUMMARY_TEXT
     if plan.notes_seq:

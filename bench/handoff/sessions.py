@@ -7,7 +7,9 @@ has not done, a request still pending, the command that reproduces the failure);
 updates a value planted in phase 0 (the latest must win). Every later phase is a side task:
 a new user message, a tool call with a long output full of other identifiers, and an
 answer; none of them repeats a probe's answer, so after the first compactions an early fact
-survives only through the handoffs.
+survives only through the handoffs. The user message that states the standing constraint is
+pinned (``Message.pinned``), as an application that lets its user pin a rule appends it; a
+compactor with no such notion sees a plain user message.
 
 Everything is drawn from ``random.Random(seed)``: the same kind and seed give the same
 session, and a replicate is another seed (other names, codes and paths in the same shape).
@@ -75,8 +77,8 @@ class _Writer:
         self.rng = rng
         self.calls = 0
 
-    def user(self, text: str) -> Message:
-        return Message(role="user", content=text)
+    def user(self, text: str, *, pinned: bool = False) -> Message:
+        return Message(role="user", content=text, pinned=pinned)
 
     def say(self, text: str) -> Message:
         return Message(role="assistant", content=text)
@@ -167,7 +169,8 @@ def _coding(seed: int, phases: int) -> Session:
     phase0 = [
         w.user(
             f"The {module} job posts some entries twice. Please fix it. A rule for this whole "
-            f"session: the only HTTP client we may use is {client}; do not add any other."
+            f"session: the only HTTP client we may use is {client}; do not add any other.",
+            pinned=True,
         ),
         *w.tool("run", {"command": repro}, failing),
         w.say(
@@ -288,7 +291,8 @@ def _support(seed: int, phases: int) -> Session:
     phase0 = [
         w.user(
             f"Customer {title} {surname} was charged twice. Handle it. Standing rule for this "
-            f"case: never promise a refund above {refund_cap} dollars without a manager."
+            f"case: never promise a refund above {refund_cap} dollars without a manager.",
+            pinned=True,
         ),
         *w.tool("lookup_account", {"customer": surname}, lookup),
         w.say(

@@ -60,11 +60,13 @@ async def test_finds_tool_outputs_calls_and_blocks_by_their_words(store: Episodi
     conv = await _session(store)
     assert await _seqs(store, conv, "E-2147") == [3]
     assert await _seqs(store, conv, "e 2147") == [3]
-    assert await _seqs(store, conv, "pytest") == [2]  # a tool call's arguments
-    assert await _seqs(store, conv, "shell") == [2]  # a tool call's name
+    # a tool call's arguments and name, and its result (3) by them too: the newest first
+    assert await _seqs(store, conv, "pytest") == [3, 2]
+    assert await _seqs(store, conv, "shell") == [3, 2]
+    assert await _seqs(store, conv, "cmd") == [3, 2]  # the arguments' names too
     assert await _seqs(store, conv, "tokens.py") == [4]  # a content block
     # a path's parts, and stemming: "failed" finds "failing" and "fails"
-    assert await _seqs(store, conv, "test_auth.py") == [2, 1]
+    assert await _seqs(store, conv, "test_auth.py") == [3, 2, 1]
     assert await _seqs(store, conv, "failed") == [4, 3, 1]
     hits = await store.search(conv, "E-2147")
     assert hits[0].message.role == "tool"
@@ -179,3 +181,16 @@ def test_ranking_weighs_each_word_by_its_rarity() -> None:
     assert prefix_forms("log") == ()
     assert prefix_forms("call") == ("call",)
     assert prefix_forms("decide") == ("decide", "deci")
+
+
+async def test_a_tool_result_is_found_by_the_call_it_answers(store: EpisodicStore) -> None:
+    conv = await store.create_conversation()
+    for name, output in (("lookup_account", "ACC-1: plan Team"), ("read_log", "all quiet")):
+        # the same call id twice: each result holds its own call's words, not the other's
+        call = ToolCall(id="c1", name=name, args={"customer": "Okafor"})
+        await store.append(
+            conv, [Message.assistant(None, tool_calls=[call]), Message.tool_result("c1", output)]
+        )
+    assert await _seqs(store, conv, "account") == [2, 1]
+    assert await _seqs(store, conv, "read_log") == [4, 3]
+    assert await _seqs(store, conv, "customer") == [4, 3, 2, 1]

@@ -490,3 +490,24 @@ def test_what_the_model_says_was_done_is_not_in_the_handoff() -> None:
     ).handoff_text
     assert "NEXT: Write the test." in text
     assert "was written" not in text
+
+
+def test_notes_that_copy_a_tool_output_line_or_a_carried_instruction_are_dropped() -> None:
+    run = [
+        Message.user("Fix the double post. Keep the ledger API stable.", pinned=True),
+        *FAILING_RUN[1:],
+        Message.assistant(tool_calls=[ToolCall(id="c2", name="ls", args={})]),
+        Message.tool_result("c2", "6175  src/notifications/handlers_64.py\n12  README.md"),
+        Message.assistant("Listed."),
+    ]
+    prepared = prepare_compaction(run, _config(retained=0), CHARS)
+    assert prepared is not None
+    reply = (
+        "## Goal\n- Fix the double post.\n"
+        "## Facts\n- 6175  src/notifications/handlers_64.py\n- The ledger team owns sync.py."
+    )
+    text = finalize_compaction(prepared.plan, reply, CHARS).handoff_text
+    assert "- Fix the double post. Keep the ledger API stable." in text  # the pinned message
+    assert "GOAL" not in text  # it only repeated the pinned message
+    assert "handlers_64" not in text  # only what a tool printed, unremarkable
+    assert "FACT: The ledger team owns sync.py." in text

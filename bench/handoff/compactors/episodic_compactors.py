@@ -33,6 +33,11 @@ class EpisodicWorker(Compactor):
     name = "episodic"
     requires: ClassVar[dict[str, str]] = {"openai": "openai"}
     describes = "episodic's worker: store + compact_claimed + openai summarizer + load_context"
+    #: append the messages the session pins as pinned (an application that pins its user's
+    #: standing rules), or as plain messages
+    pins: ClassVar[bool] = True
+    #: carry user sentences that read as standing rules (CompactionConfig.detect_instructions)
+    detect_instructions: ClassVar[bool] = True
 
     async def open(self) -> None:
         endpoint = self.endpoint_or_fail()
@@ -54,7 +59,7 @@ class EpisodicWorker(Compactor):
         # 320 tokens), split four ways: the model's notes, the user's standing instructions,
         # the record of the tools' work, and the newest user messages.
         handoff, keep = self.budget.handoff_tokens, self.budget.keep_tokens
-        config = CompactionConfig().with_limits(
+        config = CompactionConfig(detect_instructions=self.detect_instructions).with_limits(
             notes_token_budget=handoff * 11 // 16,
             instructions_token_budget=keep * 7 // 16,
             worklog_token_budget=handoff * 10 // 16,
@@ -70,6 +75,8 @@ class EpisodicWorker(Compactor):
         self._dir.cleanup()
 
     async def add(self, messages: Sequence[Message]) -> None:
+        if not self.pins:
+            messages = [m.model_copy(update={"pinned": False}) for m in messages]
         await self.store.append(self.conversation, messages)
         await self.store.mark_run_completed(self.conversation)
 
@@ -93,6 +100,18 @@ class EpisodicWorker(Compactor):
     async def search(self, query: str, limit: int) -> list[str] | None:
         hits = await self.store.search(self.conversation, query, limit=limit)
         return [hit_text(hit) for hit in hits]
+
+
+class EpisodicUnpinned(EpisodicWorker):
+    name = "episodic_unpinned"
+    describes = "episodic's worker, the session's pins left out (rules detected only)"
+    pins = False
+
+
+class EpisodicPinsOnly(EpisodicWorker):
+    name = "episodic_pins_only"
+    describes = "episodic's worker with the session's pins, no rules detected"
+    detect_instructions = False
 
 
 @dataclass(frozen=True, slots=True)

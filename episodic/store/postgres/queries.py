@@ -178,7 +178,9 @@ SELECT {", ".join(EVENT_COLUMNS)}
 # store.search: the messages of one conversation holding the query's words, ranked as
 # episodic.search.rank_hits ranks them (each word weighted by how rare it is among the
 # conversation's messages, ties to the newest). A message's text is every string of its content,
-# its tool calls' names and arguments (not their ids) and its tool name, with the punctuation of
+# its tool calls' names and arguments (their JSON: the arguments' names too; not the calls' ids)
+# and its tool name, and a tool result's also its call's (what was asked is what its output
+# answers), with the punctuation of
 # paths and identifiers made spaces (SEARCH_SEPARATORS: PostgreSQL's parser reads "src/app.py" as
 # one token that "app.py" would not find; FTS5 splits it as this does); a term that is one long
 # word is a prefix too, and a longer one also without its last two letters
@@ -202,23 +204,8 @@ WITH terms AS (
            END AS q
       FROM unnest($2::text[]) WITH ORDINALITY AS t(term, ord)
 ),
-docs AS MATERIALIZED (
-    SELECT e.seq,
-           (SELECT to_tsvector(
-                       'english',
-                       {_SPACED.format("string_agg(s #>> '{}', ' ')")}
-                   )
-              FROM CAST(e.payload AS jsonb) AS p,
-                   jsonb_path_query(
-                       jsonb_build_array(
-                           p -> 'content',
-                           jsonb_path_query_array(p, 'lax $.tool_calls[*].name'),
-                           jsonb_path_query_array(p, 'lax $.tool_calls[*].args'),
-                           jsonb_path_query_array(p, 'lax $.tool_calls[*].arguments_json'),
-                           p -> 'name'
-                       ),
-                       'strict $.** ? (@.type() == "string")'
-                   ) AS s) AS doc
+msgs AS MATERIALIZED (
+    SELECT e.seq, CAST(e.payload AS jsonb) AS p
       FROM episodic_events e
      WHERE e.conversation_id = $1 AND e.kind = 'message'
        AND ($4::text IS NULL OR e.tenant_id = $4)
@@ -227,6 +214,37 @@ docs AS MATERIALIZED (
        AND NOT EXISTS (SELECT FROM episodic_events r
                         WHERE r.conversation_id = $1 AND r.kind = 'retraction'
                           AND CAST(r.payload AS jsonb) ->> 'retracted_seq' = CAST(e.seq AS text))
+),
+calls AS MATERIALIZED (
+    SELECT m.seq, c ->> 'id' AS id,
+           jsonb_build_array(c -> 'name', c -> 'args', c -> 'arguments_json') AS said
+      FROM msgs m, jsonb_array_elements(m.p -> 'tool_calls') AS c
+),
+answered AS MATERIALIZED (
+    SELECT DISTINCT ON (m.seq) m.seq, k.said
+      FROM msgs m JOIN calls k ON k.id = m.p ->> 'tool_call_id' AND k.seq < m.seq
+     ORDER BY m.seq, k.seq DESC
+),
+docs AS MATERIALIZED (
+    SELECT m.seq,
+           (SELECT to_tsvector(
+                       'english',
+                       {_SPACED.format("string_agg(s #>> '{}', ' ')")}
+                   )
+              FROM jsonb_path_query(
+                       jsonb_build_array(
+                           m.p -> 'content',
+                           jsonb_path_query_array(m.p, 'lax $.tool_calls[*].name'),
+                           to_jsonb(CAST(
+                               jsonb_path_query_array(m.p, 'lax $.tool_calls[*].args') AS text
+                           )),
+                           jsonb_path_query_array(m.p, 'lax $.tool_calls[*].arguments_json'),
+                           m.p -> 'name',
+                           to_jsonb(CAST(a.said AS text))
+                       ),
+                       'strict $.** ? (@.type() == "string")'
+                   ) AS s) AS doc
+      FROM msgs m LEFT JOIN answered a USING (seq)
 ),
 hits AS (
     SELECT d.seq, t.ord FROM docs d JOIN terms t ON numnode(t.q) > 0 AND d.doc @@ t.q

@@ -4,9 +4,9 @@ The index lives in a temporary table of the searching connection and is dropped 
 query, so nothing is kept beside the log: an append does no indexing work, and an erasure has
 nothing else to remove. The work is the PostgreSQL backend's (postgres/queries.py,
 SEARCH_EVENTS): the text of each message (its content, its tool calls' names and arguments,
-its tool name) parsed per search; FTS5 finds which message holds which term (FTS5's Porter
-stemmer standing in for PostgreSQL's English configuration) and episodic.search.rank_hits
-ranks them as PostgreSQL's statement does.
+its tool name, and a tool result's call) parsed per search; FTS5 finds which message holds
+which term (FTS5's Porter stemmer standing in for PostgreSQL's English configuration) and
+episodic.search.rank_hits ranks them as PostgreSQL's statement does.
 """
 
 from __future__ import annotations
@@ -24,24 +24,48 @@ from episodic.store.codec import EVENT_COLUMNS, decode_event_row
 from episodic.store.schema import events
 
 # A message's searchable text: every string of its content, its tool calls (but their ids:
-# the element [1][n]'s key "id") and its tool name.
+# the element [1][n]'s key "id"), their arguments' JSON (the arguments' names too) and its tool
+# name; a tool result's also its call's name and arguments as JSON (the newest call with its
+# id before it), as PostgreSQL's statement reads them.
 _MESSAGE_TEXT = """
 (SELECT group_concat(j.value, ' ')
-   FROM json_tree(json_array(e.payload -> '$.content', e.payload -> '$.tool_calls',
-                             e.payload -> '$.name')) AS j
+   FROM json_tree(json_array(
+            m.payload -> '$.content', m.payload -> '$.tool_calls', m.payload -> '$.name',
+            (SELECT group_concat(json_extract(c.value, '$.args'), ' ')
+               FROM json_each(m.payload, '$.tool_calls') AS c),
+            m.said)) AS j
   WHERE j.type = 'text' AND NOT (j.key = 'id' AND j.path GLOB '$[[]1][[][0-9]*]'))
 """
 
 _INDEX = f"""
+WITH msgs AS MATERIALIZED (
+    SELECT e.seq, e.payload
+      FROM episodic_events e
+     WHERE e.conversation_id = :conversation_id AND e.kind = 'message'
+       AND e.seq > (SELECT coalesce(max(c.seq), 0) FROM episodic_events c
+                     WHERE c.conversation_id = :conversation_id AND c.kind = 'clear')
+       AND NOT EXISTS (SELECT 1 FROM episodic_events r
+                        WHERE r.conversation_id = :conversation_id AND r.kind = 'retraction'
+                          AND json_extract(r.payload, '$.retracted_seq') = e.seq)
+),
+calls AS MATERIALIZED (
+    SELECT m.seq, json_extract(c.value, '$.id') AS id,
+           json_array(c.value -> '$.name', c.value -> '$.args',
+                      c.value -> '$.arguments_json') AS said
+      FROM msgs m, json_each(m.payload, '$.tool_calls') AS c
+),
+answered AS MATERIALIZED (
+    -- SQLite takes the bare column from the row that holds the max: the newest call
+    SELECT m.seq, k.said, max(k.seq)
+      FROM msgs m JOIN calls k ON k.id = json_extract(m.payload, '$.tool_call_id')
+                              AND k.seq < m.seq
+     GROUP BY m.seq
+),
+texts AS (
+    SELECT m.seq, m.payload, a.said FROM msgs m LEFT JOIN answered a ON a.seq = m.seq
+)
 INSERT INTO temp.{{table}} (rowid, body)
-SELECT e.seq, {_MESSAGE_TEXT}
-  FROM episodic_events e
- WHERE e.conversation_id = :conversation_id AND e.kind = 'message'
-   AND e.seq > (SELECT coalesce(max(c.seq), 0) FROM episodic_events c
-                 WHERE c.conversation_id = :conversation_id AND c.kind = 'clear')
-   AND NOT EXISTS (SELECT 1 FROM episodic_events r
-                    WHERE r.conversation_id = :conversation_id AND r.kind = 'retraction'
-                      AND json_extract(r.payload, '$.retracted_seq') = e.seq)
+SELECT m.seq, {_MESSAGE_TEXT} FROM texts AS m
 """
 
 
