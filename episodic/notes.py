@@ -144,14 +144,33 @@ def parse_notes(reply: str, *, seq: int) -> tuple[Note, ...]:
 
 
 def merge_notes(previous: Sequence[Note], new: Sequence[Note]) -> tuple[Note, ...]:
-    """``previous`` then ``new``, each text once."""
+    """``previous`` then ``new``, each text once; a new note every word of which another
+    note already holds (a small model says the same thing under two labels: "DECISION: Next
+    I will write test_x" and "NEXT: Write test_x") is left out, the earlier notes as
+    written."""
+    merged = _unique(previous)
+    earlier = [_words(note.text) for note in merged]
+    said = {_key(note.text) for note in merged}
+    fresh = [note for note in _unique(new) if _key(note.text) not in said]
+    fresh_words = [_words(note.text) for note in fresh]
+    for index, (note, own) in enumerate(zip(fresh, fresh_words, strict=True)):
+        if any(own <= words for words in earlier):
+            continue
+        if any(own < words for other, words in enumerate(fresh_words) if other != index):
+            continue
+        merged.append(note)
+    return tuple(merged)
+
+
+def _unique(notes: Sequence[Note]) -> list[Note]:
+    """``notes`` with each text once (the first)."""
     seen: set[str] = set()
-    merged: list[Note] = []
-    for note in (*previous, *new):
+    unique: list[Note] = []
+    for note in notes:
         if _key(note.text) not in seen:
             seen.add(_key(note.text))
-            merged.append(note)
-    return tuple(merged)
+            unique.append(note)
+    return unique
 
 
 def drop_echoes(notes: Sequence[Note], texts: Sequence[str]) -> tuple[Note, ...]:
@@ -222,6 +241,11 @@ def _clean(text: str) -> str:
 
 def _key(text: str) -> str:
     return " ".join(_WORD.findall(text.lower()))
+
+
+def _words(text: str) -> set[str]:
+    """The words of ``text``, lower case, without the punctuation that ends a sentence."""
+    return {word.rstrip(".:/-") for word in _WORD.findall(text.lower())}
 
 
 __all__ = [

@@ -426,12 +426,17 @@ def _render(
 
 
 def _identifier_lines(identifiers: Sequence[IdentifierEntry]) -> list[str]:
-    """A line per line of output, naming every identifier seen on it: failures first, then
-    the newest."""
+    """A line per line of output, naming every identifier seen on it that its excerpt does
+    not show: failures first, then the newest."""
     by_line: dict[str, list[IdentifierEntry]] = {}
     for entry in sorted(identifiers, key=lambda i: (not i.failing, -i.seq)):
         by_line.setdefault(entry.line, []).append(entry)
-    return [f"- {', '.join(e.value for e in entries)}: {line}" for line, entries in by_line.items()]
+    lines = []
+    for line, entries in by_line.items():
+        # an identifier the excerpt shows is not named again before it
+        unseen = [e.value for e in entries if e.value not in line]
+        lines.append(f"- {', '.join(unseen)}: {line}" if unseen else f"- {line}")
+    return lines
 
 
 __all__ = [

@@ -97,3 +97,18 @@ def test_notes_that_copy_the_prompt_back_are_dropped() -> None:
     record = "Record:\nFiles:\n- src/app.py: edit_file -> ok"
     kept = drop_echoes(notes, ("What the user wants done.", record))
     assert [n.text for n in kept] == ["User wants the real fix"]
+
+
+def test_a_new_note_that_another_note_already_says_is_left_out() -> None:
+    earlier = (Note(kind="next", text="Deploy to staging-5, not staging-8.", seq=4),)
+    reply = (
+        "## Decisions\n- Next I will write the regression test `test_replay`; not written yet.\n"
+        "## Next steps\n- Write the regression test `test_replay`.\n"
+        "- Deploy to staging-8.\n- Deploy to staging-9."
+    )
+    merged = merge_notes(earlier, parse_notes(reply, seq=9))
+    assert [n.text for n in merged] == [
+        "Deploy to staging-5, not staging-8.",
+        "Next I will write the regression test `test_replay`; not written yet.",
+        "Deploy to staging-9.",
+    ]
