@@ -110,8 +110,8 @@ class EpisodicSettings(BaseSettings):
     )
     detect_instructions: bool = Field(
         default=True,
-        description="Besides the messages appended with pinned, carry user sentences that "
-        "read as standing rules ('always ...', 'never ...').",
+        description="While nothing is pinned, carry the user's sentences that read as "
+        "standing rules ('always ...', 'never ...').",
     )
     notes_token_budget: int = Field(
         default=4_000, ge=0, description="The handoff's notes, kept across compactions."

@@ -348,16 +348,24 @@ INSTRUCTIONS_HEADER = "The user's standing instructions (verbatim):"
 def render_instructions(
     log: WorkLog, budget: int, estimator: TokenEstimator, *, shown: Sequence[str] = ()
 ) -> str:
-    """The user's standing instructions within ``budget`` tokens: the pinned ones first, in
-    the order they were given, then those detected, newest first; those found word for word
-    in ``shown`` (the user messages the context keeps beside the handoff) are not repeated.
-    Empty when there are none to show."""
+    """The user's standing instructions within ``budget`` tokens: the pinned ones, in the
+    order they were given; while nothing is pinned, the sentences detected as rules, newest
+    first. Those found word for word in ``shown`` (the user messages the context keeps beside
+    the handoff) are not repeated. Empty when there are none to show.
+
+    An application that pins has said which rules stand: the detected sentences would only
+    repeat them or crowd them (measured in bench/handoff: the same recall, 16-20 more tokens
+    a context)."""
     beside = [" ".join(text.split()) for text in shown]
+    pinned = [i for i in log.instructions if i.pinned]
+    chosen = (
+        sorted(pinned, key=lambda i: i.seq)
+        if pinned
+        else sorted(log.instructions, key=lambda i: -i.seq)
+    )
     entries = [
         f"- {i.text}"
-        for i in sorted(
-            log.instructions, key=lambda i: (not i.pinned, i.seq if i.pinned else -i.seq)
-        )
+        for i in chosen
         if not any(" ".join(i.text.split()) in text for text in beside)
     ]
     return _render(INSTRUCTIONS_HEADER, [("", entries)], budget, estimator)

@@ -136,7 +136,7 @@ async def test_every_later_handoff_carries_a_pin_until_it_is_unpinned(
     assert (await store.read_events(conv, after_seq=pin.seq - 1, limit=1))[0].message.pinned
 
 
-async def test_a_pinned_instruction_comes_first_and_detection_can_be_turned_off(
+async def test_pins_are_the_rules_and_detection_is_for_when_nothing_is_pinned(
     store: EpisodicStore,
 ) -> None:
     store.trigger = EpisodicCompactionConfig(trigger_unfinished_turns=3)
@@ -144,11 +144,15 @@ async def test_a_pinned_instruction_comes_first_and_detection_can_be_turned_off(
     await store.append(conv, [Message.user("Never touch the billing module.")])
     await store.append(conv, [Message.user(RULE, pinned=True)])
     handoff = await _compact(store, conv, 0)
-    assert handoff.index(RULE) < handoff.index("Never touch the billing module.")
+    assert RULE in handoff
+    assert "Never touch" not in handoff  # once the application pins, its pins are the rules
+
+    await store.unpin(conv, 2)
+    handoff = await _compact(store, conv, 3)
+    assert RULE not in handoff
+    assert "Never touch the billing module." in handoff  # nothing pinned: detected again
 
     conv = await store.create_conversation()
     await store.append(conv, [Message.user("Never touch the billing module.")])
-    await store.append(conv, [Message.user(RULE, pinned=True)])
     handoff = await _compact(store, conv, 0, detect_instructions=False)
-    assert RULE in handoff
     assert "Never touch" not in handoff

@@ -181,8 +181,9 @@ def test_a_pinned_message_is_one_instruction_kept_until_unpinned() -> None:
     assert log.instructions[0].pinned
     assert len(log.instructions) == 1 + 100
     rendered = render_instructions(log, 10_000, ESTIMATOR)
-    assert rendered.splitlines()[1] == "- Reply in French."  # pinned first
-    assert "Always use tool number 149." in rendered.splitlines()[3]  # then the newest
+    assert rendered.splitlines()[1:] == ["- Reply in French.", "Cite the ticket."]  # pins only
+    detected = render_instructions(WorkLog().fold(many), 10_000, ESTIMATOR)
+    assert detected.splitlines()[1] == "- Always use tool number 149."  # the newest first
     # an unpin seen at any later compaction drops it from the carried log
     later = log.fold([_user(200, "next")], unpinned=[9])
     assert not any(i.pinned for i in later.instructions)

@@ -18,14 +18,12 @@ COMPACTORS = {
     "truncation": "bench.handoff.compactors.baselines:Truncation",
     "masking": "bench.handoff.compactors.baselines:ObservationMasking",
 }
-#: compactors that check the scoring, or episodic under other settings (what an
-#: application that pins nothing gets, or pins without the detected rules): never in a report
-#: unless asked for
+#: compactors that check the scoring, or episodic as an application that pins nothing gets
+#: it: never in a report unless asked for
 CHECKS = {
     "keep_all": "bench.handoff.compactors.baselines:KeepAll",
     "keep_nothing": "bench.handoff.compactors.baselines:KeepNothing",
     "episodic_unpinned": "bench.handoff.compactors.episodic_compactors:EpisodicUnpinned",
-    "episodic_pins_only": "bench.handoff.compactors.episodic_compactors:EpisodicPinsOnly",
 }
 
 

@@ -36,8 +36,6 @@ class EpisodicWorker(Compactor):
     #: append the messages the session pins as pinned (an application that pins its user's
     #: standing rules), or as plain messages
     pins: ClassVar[bool] = True
-    #: carry user sentences that read as standing rules (CompactionConfig.detect_instructions)
-    detect_instructions: ClassVar[bool] = True
 
     async def open(self) -> None:
         endpoint = self.endpoint_or_fail()
@@ -59,7 +57,7 @@ class EpisodicWorker(Compactor):
         # 320 tokens), split four ways: the model's notes, the user's standing instructions,
         # the record of the tools' work, and the newest user messages.
         handoff, keep = self.budget.handoff_tokens, self.budget.keep_tokens
-        config = CompactionConfig(detect_instructions=self.detect_instructions).with_limits(
+        config = CompactionConfig().with_limits(
             notes_token_budget=handoff * 11 // 16,
             instructions_token_budget=keep * 7 // 16,
             worklog_token_budget=handoff * 10 // 16,
@@ -106,12 +104,6 @@ class EpisodicUnpinned(EpisodicWorker):
     name = "episodic_unpinned"
     describes = "episodic's worker, the session's pins left out (rules detected only)"
     pins = False
-
-
-class EpisodicPinsOnly(EpisodicWorker):
-    name = "episodic_pins_only"
-    describes = "episodic's worker with the session's pins, no rules detected"
-    detect_instructions = False
 
 
 @dataclass(frozen=True, slots=True)
