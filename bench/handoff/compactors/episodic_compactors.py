@@ -55,12 +55,13 @@ class EpisodicWorker(Compactor):
         )
         # The same total as every compactor (the handoff budget and the verbatim budget,
         # 320 tokens), split four ways: the model's notes, the user's standing instructions,
-        # the record of the tools' work, and the newest user messages.
+        # the record of the tools' work, and the newest user messages (280 tokens: the fixed
+        # texts, the prefix and the recall line, take the rest).
         handoff, keep = self.budget.handoff_tokens, self.budget.keep_tokens
         config = CompactionConfig().with_limits(
-            notes_token_budget=handoff * 11 // 16,
+            notes_token_budget=handoff * 10 // 16,
             instructions_token_budget=keep * 7 // 16,
-            worklog_token_budget=handoff * 10 // 16,
+            worklog_token_budget=handoff * 9 // 16,
             recent_user_token_budget=keep // 8,
         )
         self.options = CompactionOptions(
