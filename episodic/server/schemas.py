@@ -203,6 +203,7 @@ class NewSystemMessage(_NewMessage):
     content: str
     tool_calls: NoToolCalls = Field(default_factory=list)
     is_error: Literal[False] = False
+    pinned: Literal[False] = Field(default=False, description="only a user message is pinned")
 
 
 class NewAssistantMessage(_NewMessage):
@@ -214,6 +215,7 @@ class NewAssistantMessage(_NewMessage):
         default_factory=list, description="ids unique in the message, and among open calls"
     )
     is_error: Literal[False] = False
+    pinned: Literal[False] = Field(default=False, description="only a user message is pinned")
 
 
 class NewToolMessage(_NewMessage):
@@ -224,6 +226,7 @@ class NewToolMessage(_NewMessage):
     content: NewContent = Field(description="the result ('' for an empty one)")
     is_error: bool = Field(default=False, description="the call failed")
     tool_calls: NoToolCalls = Field(default_factory=list)
+    pinned: Literal[False] = Field(default=False, description="only a user message is pinned")
 
 
 NewMessage = TypeAliasType(
