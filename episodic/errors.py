@@ -110,6 +110,16 @@ class UnsafeCutError(ValidationError):
         self.covers_through_seq = covers_through_seq
 
 
+class NotPinnedError(ValidationError):
+    """An unpin names a seq that is not a pinned user message of the conversation (no event
+    there, another kind of event, or a message appended without ``pinned``)."""
+
+    def __init__(self, message: str, *, conversation_id: UUID, seq: int) -> None:
+        super().__init__(message, field="seq")
+        self.conversation_id = conversation_id
+        self.seq = seq
+
+
 class NotFoundError(EpisodicError, LookupError):
     """The conversation does not exist (or is not visible to this tenant)."""
 
@@ -314,6 +324,7 @@ __all__ = [
     "LockTimeoutError",
     "MessageTooLargeError",
     "NotFoundError",
+    "NotPinnedError",
     "OperatorRequiredError",
     "OrphanToolResultError",
     "SchemaNotMigratedError",

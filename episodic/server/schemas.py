@@ -27,6 +27,7 @@ from episodic.models import (
 from episodic.policy import EpisodicCompactionPressure
 from episodic.server.fields import (
     INTEGRAL,
+    MAX_EXACT_INT,
     NO_NUL,
     DocumentValue,
     Identifier,
@@ -288,7 +289,9 @@ class AppendBatch(WithUsage):
 class Unpin(RequestModel):
     """Which pinned user message stops being a standing instruction."""
 
-    seq: Integer = Field(ge=1, description="the seq of a user message appended with pinned")
+    seq: Integer = Field(
+        ge=1, le=MAX_EXACT_INT, description="the seq of a user message appended with pinned"
+    )
 
 
 class Appended(BaseModel):

@@ -20,6 +20,7 @@ from episodic.errors import (
     ErasureDeniedError,
     IdempotencyMismatchError,
     NotFoundError,
+    NotPinnedError,
     OrphanToolResultError,
     TenantDeniedError,
     ValidationError,
@@ -544,17 +545,18 @@ class EpisodicStore:
         :class:`UnpinEvent` is appended, and the handoffs written after it leave the message
         out (the message stays in the log and, while in view, in the context). A seq that is
         not a pinned user message of this conversation is a :class:`ValidationError`, and
-        nothing is written."""
+        nothing is written (:class:`NotPinnedError`, a ``ValidationError``)."""
         cid = await self._parsed(conversation_id)
         check_seq(seq, "seq")
         found = await self.read_events(cid, after_seq=seq - 1, limit=1) if seq >= 1 else []
         target = found[0] if found and found[0].seq == seq else None
         if not isinstance(target, MessageEvent) or not target.message.pinned:
             what = "no event" if target is None else f"a {_what_event(target)}"
-            raise ValidationError(
+            raise NotPinnedError(
                 f"seq {seq} of conversation {cid} is {what}, not a pinned user message: only a "
                 "message appended with pinned=True can be unpinned",
-                field="seq",
+                conversation_id=cid,
+                seq=seq,
             )
         written = await self._write_planned(
             cid, lambda head, tail, now: plan_unpin(cid, seq, head, now)

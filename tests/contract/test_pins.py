@@ -13,6 +13,7 @@ from episodic import (
     EpisodicStore,
     Message,
     NotFoundError,
+    NotPinnedError,
     ToolCall,
     UnpinEvent,
     ValidationError,
@@ -97,7 +98,7 @@ async def test_unpin_refuses_what_is_not_a_pinned_user_message(
         (3, "assistant message"),
         (9, "no event"),
     ):
-        with pytest.raises(ValidationError, match=f"seq {seq} .* is (a |){what}") as raised:
+        with pytest.raises(NotPinnedError, match=f"seq {seq} .* is (a |){what}") as raised:
             await store.unpin(conv, seq)
         assert raised.value.field == "seq"
     with pytest.raises(ValidationError):

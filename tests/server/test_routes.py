@@ -471,6 +471,8 @@ async def test_a_pinned_message_is_unpinned_by_an_event(client: httpx.AsyncClien
         refused = await client.post(f"/v1/conversations/{cid}/unpin", json=body)
         assert refused.status_code == 422, (body, refused.text)
         assert refused.headers["content-type"] == PROBLEM
+        # what only the conversation's state refuses has a type of its own
+        assert refused.json()["type"].endswith("/NotPinnedError") == (body == {"seq": 2})
     assistant = {"role": "assistant", "content": "ok", "pinned": True}
     refused = await client.post(f"/v1/conversations/{cid}/messages", json={"messages": [assistant]})
     assert refused.status_code == 422, refused.text
