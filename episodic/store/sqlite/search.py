@@ -44,9 +44,11 @@ WITH msgs AS MATERIALIZED (
      WHERE e.conversation_id = :conversation_id AND e.kind = 'message'
        AND e.seq > (SELECT coalesce(max(c.seq), 0) FROM episodic_events c
                      WHERE c.conversation_id = :conversation_id AND c.kind = 'clear')
-       AND NOT EXISTS (SELECT 1 FROM episodic_events r
-                        WHERE r.conversation_id = :conversation_id AND r.kind = 'retraction'
-                          AND json_extract(r.payload, '$.retracted_seq') = e.seq)
+       -- one read of the retractions, not one per message (that was quadratic in the log)
+       AND e.seq NOT IN (SELECT json_extract(r.payload, '$.retracted_seq')
+                           FROM episodic_events r
+                          WHERE r.conversation_id = :conversation_id
+                            AND r.kind = 'retraction')
 ),
 calls AS MATERIALIZED (
     SELECT m.seq, json_extract(c.value, '$.id') AS id,
