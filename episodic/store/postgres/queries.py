@@ -185,10 +185,10 @@ SELECT {", ".join(EVENT_COLUMNS)}
 # one token that "app.py" would not find; FTS5 splits it as this does); a term that is one long
 # word is a prefix too, and a longer one also without its last two letters
 # (episodic.search.prefix_forms), any other a phrase. No index: each message's text is parsed per
-# search (about 140 us per message: 0.7 s for 5,000 on 2 cores), which keeps every append free of that work (a GIN index over
-# the text made inserting 5,000 messages 8-10x slower, measured); the scan is one conversation's
-# rows, on its shard under Citus. Retracted messages and those a clear emptied from view are left
-# out.
+# search (about 140 us per message: 0.7 s for 5,000 on 2 cores), which keeps every append free
+# of that work (a GIN index over the text made inserting 5,000 messages 8-10x slower,
+# measured); the scan is one conversation's rows, on its shard under Citus. Retracted messages
+# and those a clear emptied from view are left out.
 SEARCH_SEPARATORS = "/.-@:"
 _SPACES = " " * len(SEARCH_SEPARATORS)
 #: the text given, the separators made spaces
