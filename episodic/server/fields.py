@@ -32,8 +32,6 @@ NO_NUL = r"^[^\x00]*$"
 #: the longest id (a tool call's, a message's client id) and tool name the store keeps
 MAX_ID_LENGTH = 512
 
-#: the largest integer every JSON parser holds exactly (a bound a client can check)
-MAX_EXACT_INT = 2**53
 #: the integers the store's JSON encoder writes (a signed or an unsigned 64-bit integer)
 MIN_STORED_INT = -(2**63)
 MAX_STORED_INT = 2**64 - 1

@@ -27,7 +27,6 @@ from episodic.models import (
 from episodic.policy import EpisodicCompactionPressure
 from episodic.server.fields import (
     INTEGRAL,
-    MAX_EXACT_INT,
     NO_NUL,
     DocumentValue,
     Identifier,
@@ -37,6 +36,7 @@ from episodic.server.fields import (
     ToolName,
     storable_numbers,
 )
+from episodic.store.checks import MAX_EXACT_JSON_INT
 from episodic.store.due import MAX_THRESHOLD
 
 ContextFormat = Literal["episodic", "openai", "responses", "anthropic"]
@@ -290,7 +290,7 @@ class Unpin(RequestModel):
     """Which pinned user message stops being a standing instruction."""
 
     seq: Integer = Field(
-        ge=1, le=MAX_EXACT_INT, description="the seq of a user message appended with pinned"
+        ge=1, le=MAX_EXACT_JSON_INT, description="the seq of a user message appended with pinned"
     )
 
 

@@ -12,6 +12,10 @@ from episodic.models import Usage
 
 #: The largest seq, and count, a column holds (PostgreSQL's bigint).
 MAX_SEQ = 2**63 - 1
+#: 2**53, the largest integer a JSON number holds exactly everywhere: a bound published in a
+#: schema must be it or below (above it a client's float parser rounds 2**62 + 95 down to
+#: 2**62 and believes it is within the published maximum)
+MAX_EXACT_JSON_INT = 2**53
 MAX_READ_LIMIT = 10_000
 MAX_TENANT_ID_LENGTH = 256
 #: The longest app name or user id a conversation is listed under (and an export may carry).

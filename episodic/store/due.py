@@ -22,6 +22,7 @@ from episodic.policy import (
     age_in_days,
     episodic_compaction_trigger,
 )
+from episodic.store.checks import MAX_EXACT_JSON_INT
 from episodic.store.projection import HeadCounters
 
 #: metadata["compaction"] keys that override the store's trigger settings per conversation
@@ -32,10 +33,8 @@ OVERRIDE_KEYS = (
     "trigger_age_days",
     "trigger_age_turn_count",
 )
-#: The largest threshold an override may set: 2**53, the largest integer a JSON number holds
-#: exactly everywhere (above it a client's float parser rounds 2**62 + 95 down to 2**62 and
-#: believes it is within the published maximum).
-MAX_THRESHOLD = 2**53
+#: The largest threshold an override may set (a JSON number's exact range).
+MAX_THRESHOLD = MAX_EXACT_JSON_INT
 
 
 @dataclass(frozen=True, slots=True)
