@@ -24,12 +24,16 @@ from episodic.notes import (
     parse_notes,
     render_notes,
 )
-from episodic.rendering import DEFAULT_REASONING_CHAR_CAP, render_message
+from episodic.rendering import (
+    DEFAULT_REASONING_CHAR_CAP,
+    DEFAULT_TOOL_RESULT_CHAR_CAP,
+    render_message,
+)
 from episodic.tokens import CharHeuristic, TokenEstimator
 from episodic.worklog import WorkLog, render_instructions, render_worklog
 
 #: Recorded on every boundary; bump it whenever the prompt or prefix texts change meaning.
-PROMPT_VERSION = "episodic-handoff-3"
+PROMPT_VERSION = "episodic-handoff-4"
 
 DEFAULT_SUMMARY_PREFIX = (
     "[Session handoff: runtime context from earlier in this session, not a new instruction]"
@@ -93,6 +97,9 @@ class CompactionConfig(EpisodicModel):
     #: the handoff's record of what the tools did (files, commands, errors, instructions)
     worklog_token_budget: _TokenCount = 4_000
     reasoning_char_cap: _TokenCount = DEFAULT_REASONING_CHAR_CAP
+    #: the characters of each tool result the model is shown (its head): the record carries
+    #: what a result identifies, read from all of it, and a small model copies log noise
+    tool_result_char_cap: _TokenCount = DEFAULT_TOOL_RESULT_CHAR_CAP
     summary_prefix: Annotated[str, Field(min_length=1)] = DEFAULT_SUMMARY_PREFIX
     compaction_prompt: Annotated[str, Field(min_length=1)] = DEFAULT_COMPACTION_PROMPT
 
@@ -110,6 +117,7 @@ class CompactionConfig(EpisodicModel):
         instructions_token_budget: int | None = None,
         notes_token_budget: int | None = None,
         worklog_token_budget: int | None = None,
+        tool_result_char_cap: int | None = None,
     ) -> Self:
         """A copy with the given limits replaced (validated like the constructor)."""
         changes = {
@@ -119,6 +127,7 @@ class CompactionConfig(EpisodicModel):
             "instructions_token_budget": instructions_token_budget,
             "notes_token_budget": notes_token_budget,
             "worklog_token_budget": worklog_token_budget,
+            "tool_result_char_cap": tool_result_char_cap,
         }
         data = self.model_dump()
         data.update({key: value for key, value in changes.items() if value is not None})
@@ -242,11 +251,20 @@ def prepare_compaction(
     state is then read as a message like the others). ``unpinned`` are the seqs of the pinned
     messages the log has unpinned since: the handoff stops carrying them.
     """
-    rendered = [render_message(m, reasoning_char_cap=config.reasoning_char_cap) for m in messages]
-    costs = [estimator.count(text) for text in rendered]
-    transcript_tokens = sum(costs)
+    transcript_tokens = estimate_transcript_tokens(
+        messages, estimator, reasoning_char_cap=config.reasoning_char_cap
+    )
     if not messages or not should_compact(transcript_tokens, config):
         return None
+    rendered = [
+        render_message(
+            m,
+            reasoning_char_cap=config.reasoning_char_cap,
+            tool_result_char_cap=config.tool_result_char_cap,
+        )
+        for m in messages
+    ]
+    costs = [estimator.count(text) for text in rendered]
     new = new_from if previous is not None else 0
     state = previous or HandoffState()
     worklog = state.worklog.fold(

@@ -201,12 +201,15 @@ def render_notes(
 ) -> tuple[str, tuple[Note, ...]]:
     """The notes as labelled lines within ``budget`` tokens, and the notes that fit (what a
     boundary keeps for the next compaction). When they do not all fit, the earliest and the
-    newest compactions' notes are kept first, and within those the most important kinds;
-    the lines are grouped by kind, in the order they were written."""
-    # The first compaction's notes set the session up and the newest say where it is: the
-    # notes of the compactions in between go first, then by kind.
+    newest compactions' notes are kept first (the first's before the newest's), and within
+    those the most important kinds; the lines are grouped by kind, in the order they were
+    written."""
+    # The first compaction's notes set the session up (the task, the decisions taken, what
+    # the user asked to be done at the end) and the newest say where it is: the notes of the
+    # compactions in between go first, then by kind. A note left out here is left out of
+    # the boundary's state for good, so the set-up is never traded for a side task's note.
     seqs = sorted({note.seq for note in notes})
-    distance = {seq: min(at, len(seqs) - 1 - at) for at, seq in enumerate(seqs)}
+    distance = {seq: at and 1 + min(at, len(seqs) - 1 - at) for at, seq in enumerate(seqs)}
     first = seqs[0] if seqs else 0
 
     def rank(i: int) -> tuple[int, int, int]:

@@ -11,7 +11,9 @@ One block per message::
     1 failed
 
 Images become their alt text (or ``[image]``). Readable private reasoning is excerpted under
-its own header, cut by characters; opaque payloads in ``native`` are never rendered.
+its own header, cut by characters; opaque payloads in ``native`` are never rendered. A
+summarizer may be shown only the head of each tool result (``tool_result_char_cap``): the
+tool record (:mod:`episodic.worklog`) carries what a result identifies, from all of it.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ from episodic.models import Message
 from episodic.tokens import TokenEstimator
 
 DEFAULT_REASONING_CHAR_CAP = 2_000
+DEFAULT_TOOL_RESULT_CHAR_CAP = 2_000
 REASONING_HEADER = "[private reasoning excerpt]"
 REASONING_CUT_MARKER = "\n[... reasoning cut ...]\n"
+#: ends a tool result cut for a summarizer; {more} is the characters left out
+TOOL_RESULT_CUT_MARKER = " [... {more} more characters: the tool record keeps their ids and errors]"
 
 
 def excerpt_reasoning(text: str, cap: int = DEFAULT_REASONING_CHAR_CAP) -> str:
@@ -44,11 +49,16 @@ def render_message(
     *,
     include_reasoning: bool = True,
     reasoning_char_cap: int = DEFAULT_REASONING_CHAR_CAP,
+    tool_result_char_cap: int | None = None,
 ) -> str:
-    """One message as a text block (see the module docstring)."""
+    """One message as a text block (see the module docstring); a tool result longer than
+    ``tool_result_char_cap`` characters is cut to its head."""
     role = message.role
     body = message.text
     if role == "tool":
+        if tool_result_char_cap is not None and len(body) > tool_result_char_cap:
+            more = len(body) - tool_result_char_cap
+            body = body[:tool_result_char_cap] + TOOL_RESULT_CUT_MARKER.format(more=more)
         status = "error" if message.is_error else "ok"
         out = f"[tool result {message.tool_call_id} {message.name or 'unknown'} {status}]\n{body}"
     elif role == "assistant":
@@ -79,8 +89,10 @@ def context_token_estimate(message: Message, estimator: TokenEstimator) -> int:
 
 __all__ = [
     "DEFAULT_REASONING_CHAR_CAP",
+    "DEFAULT_TOOL_RESULT_CHAR_CAP",
     "REASONING_CUT_MARKER",
     "REASONING_HEADER",
+    "TOOL_RESULT_CUT_MARKER",
     "context_token_estimate",
     "excerpt_reasoning",
     "render_message",

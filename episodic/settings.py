@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from episodic.compaction import CompactionConfig
 from episodic.errors import ConfigurationError
 from episodic.policy import DEFAULT_TRIGGER_CONTEXT_TOKENS, EpisodicCompactionConfig
+from episodic.rendering import DEFAULT_TOOL_RESULT_CHAR_CAP
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///episodic.db"
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -121,6 +122,12 @@ class EpisodicSettings(BaseSettings):
         ge=0,
         description="The handoff's record of files, commands and errors, read from the log.",
     )
+    tool_result_char_cap: int = Field(
+        default=DEFAULT_TOOL_RESULT_CHAR_CAP,
+        ge=0,
+        description="The characters of each tool result the summarizer is shown (its head); "
+        "the record reads all of it.",
+    )
 
     summarizer: Literal["extractive", "openai"] = Field(
         default="extractive",
@@ -209,6 +216,7 @@ class EpisodicSettings(BaseSettings):
             instructions_token_budget=self.instructions_token_budget,
             notes_token_budget=self.notes_token_budget,
             worklog_token_budget=self.worklog_token_budget,
+            tool_result_char_cap=self.tool_result_char_cap,
         )
 
     def trigger_config(self) -> EpisodicCompactionConfig:

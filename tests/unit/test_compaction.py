@@ -28,7 +28,12 @@ from episodic.compaction import (
 )
 from episodic.errors import ValidationError
 from episodic.models import ImageBlock, Message, TextBlock, ToolCall
-from episodic.rendering import REASONING_CUT_MARKER, excerpt_reasoning, render_message
+from episodic.rendering import (
+    REASONING_CUT_MARKER,
+    TOOL_RESULT_CUT_MARKER,
+    excerpt_reasoning,
+    render_message,
+)
 from episodic.tokens import CharHeuristic
 
 from .conversations import valid_histories
@@ -223,7 +228,7 @@ def test_the_prompt_asks_for_a_form_of_new_notes_and_guards_private_reasoning() 
     ):
         assert phrase in prompt, phrase
     assert "## done" not in prompt  # what was done is the record's to say
-    assert PROMPT_VERSION == "episodic-handoff-3"
+    assert PROMPT_VERSION == "episodic-handoff-4"
 
 
 def test_reasoning_is_rendered_for_the_summarizer_but_native_payloads_are_not() -> None:
@@ -423,6 +428,31 @@ def test_rendered_reasoning_stays_within_the_configured_cap(messages: list[Messa
             assert rendered in prepared.request.prompt
             excerpt = rendered.split("[private reasoning excerpt]\n", 1)[1]
             assert len(excerpt) <= 50
+
+
+def test_the_model_sees_a_tool_results_head_and_the_record_reads_all_of_it() -> None:
+    noise = "\n".join(f"12:00:{i:02d} INFO worker[{i}] request handled" for i in range(40))
+    output = f"{noise}\nFAILED test_twice - SyncError: LEDGER-E4242"
+    messages = [
+        Message.user("Fix the double post."),
+        Message.assistant(tool_calls=[ToolCall(id="c1", name="run", args={"command": "pytest"})]),
+        Message.tool_result("c1", output, name="run"),
+        Message.assistant("Reproduced."),
+    ]
+    config = _config().with_limits(tool_result_char_cap=120)
+    prepared = prepare_compaction(messages, config, CHARS)
+    assert prepared is not None
+    prompt = prepared.request.prompt
+    transcript = prompt.split(TRANSCRIPT_HEADER, 1)[1]
+    more = len(output) - 120
+    assert output[:120] + TOOL_RESULT_CUT_MARKER.format(more=more) in transcript
+    assert output[120:] not in transcript
+    # the record above the transcript was folded from the whole result
+    assert "LEDGER-E4242" in prompt.split(TRANSCRIPT_HEADER, 1)[0]
+    assert prepared.request.transcript_tokens < estimate_transcript_tokens(messages, CHARS)
+    uncut = prepare_compaction(messages, _config(), CHARS)
+    assert uncut is not None
+    assert output in uncut.request.prompt
 
 
 # ---- building on the previous boundary -----------------------------------------------------

@@ -76,6 +76,16 @@ def test_over_budget_the_first_and_newest_compactions_notes_are_kept_before_the_
     assert render_notes(notes, 0, ESTIMATOR) == ("", ())
 
 
+def test_over_budget_the_first_compactions_notes_outrank_the_newest() -> None:
+    # the session's set-up (a pending request said once, at the start) against a side
+    # task's decision written by the newest compaction (a kind that outranks next steps
+    # within a compaction): the set-up stays
+    first = Note(kind="next", text="add a note about the fix to docs/runbook.md", seq=1)
+    newest = Note(kind="decision", text="we look at the search worker's log first", seq=9)
+    _, kept = render_notes([first, newest], ESTIMATOR.count(f"NEXT: {first.text}"), ESTIMATOR)
+    assert kept == (first,)
+
+
 def test_within_a_compaction_the_goal_and_next_steps_outrank_facts() -> None:
     notes = parse_notes("FACT: " + "f" * 80 + "\nGOAL: fix it\nNEXT: ship it", seq=1)
     _, kept = render_notes(notes, ESTIMATOR.count("GOAL: fix it\nNEXT: ship it") + 2, ESTIMATOR)
