@@ -89,8 +89,8 @@ class CompactionConfig(EpisodicModel):
     recent_user_token_budget: _TokenCount = 20_000
     #: the user's standing instructions the handoff carries word for word (pinned first)
     instructions_token_budget: _TokenCount = 2_000
-    #: while the application has pinned nothing, carry the user's sentences that read as
-    #: standing rules ("always ...", "never ...")
+    #: after the pinned messages, carry the user's sentences that read as standing rules or
+    #: reminders ("always ...", "never ...", "don't forget ...")
     detect_instructions: bool = True
     #: the handoff's notes (the model's narrative, kept across compactions)
     notes_token_budget: _TokenCount = 4_000

@@ -99,6 +99,12 @@ _HEADING = re.compile(
 _BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")
 _NOTHING = {"none", "nothing", "nothing new", "n/a", "not applicable", "no new notes", "-"}
 _WORD = re.compile(r"[a-z0-9][a-z0-9_.:/-]*")
+#: where a sentence ends: after . ! or ?, but not after a title ("Dr. Okafor")
+_SENTENCE_END = re.compile(
+    r"(?<=[.!?])(?<!\b[A-Z][a-z]\.)(?<!\b[A-Z][a-z]{2}\.)(?<!\b[A-Z][a-z]{3}\.)\s+"
+)
+#: a sentence of fewer words is not taken for a copy of a line it occurs in
+_MIN_COPIED_WORDS = 3
 _NOTE_CHARS = 400
 #: a note of fewer words says nothing on its own
 _MIN_NOTE_WORDS = 2
@@ -179,14 +185,37 @@ def drop_echoes(notes: Sequence[Note], texts: Sequence[str]) -> tuple[Note, ...]
     transcript's markup ("tool calls: ..."), bare headings ("Files:") and single words under
     a label ("FACT: shell"); prose is kept as the model wrote it."""
     shown = [_key(line) for text in texts for line in text.splitlines() if line.strip()]
+    trimmed = (note if note.kind == "text" else _uncopied(note, shown) for note in notes)
     return tuple(
         note
-        for note in notes
-        if (note.kind == "text" or len(_key(note.text).split()) >= _MIN_NOTE_WORDS)
+        for note in trimmed
+        if note is not None
+        and (note.kind == "text" or len(_key(note.text).split()) >= _MIN_NOTE_WORDS)
         and not any(_echoes(note, line) for line in shown)
         and not note.text.endswith(":")
         and not _MARKUP.match(note.text)
     )
+
+
+def _uncopied(note: Note, shown: Sequence[str]) -> Note | None:
+    """``note`` without the sentences that copy a shown line (keys) whole: "Call them back on
+    Thursday. Email the receipt; don't forget that." beside a carried instruction that says
+    the second sentence keeps the first. None when every sentence is a copy."""
+    sentences = _SENTENCE_END.split(note.text)
+    kept = [sentence for sentence in sentences if not _copies(sentence, shown)]
+    if len(kept) == len(sentences):
+        return note
+    # what is left of a copy ("Handle it.") says nothing on its own
+    if not any(len(_key(sentence).split()) >= _MIN_COPIED_WORDS for sentence in kept):
+        return None
+    return note.model_copy(update={"text": " ".join(kept)})
+
+
+def _copies(sentence: str, shown: Sequence[str]) -> bool:
+    key = _key(sentence)
+    if len(key.split()) < _MIN_COPIED_WORDS:
+        return False  # "Fine." or "Done." is in many lines and copies none of them
+    return any(f" {key} " in f" {line} " for line in shown)
 
 
 def _echoes(note: Note, line: str) -> bool:

@@ -111,8 +111,8 @@ class EpisodicSettings(BaseSettings):
     )
     detect_instructions: bool = Field(
         default=True,
-        description="While nothing is pinned, carry the user's sentences that read as "
-        "standing rules ('always ...', 'never ...').",
+        description="After the pinned messages, carry the user's sentences that read as "
+        "standing rules or reminders ('always ...', 'never ...', 'don't forget ...').",
     )
     notes_token_budget: int = Field(
         default=4_000, ge=0, description="The handoff's notes, kept across compactions."

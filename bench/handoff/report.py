@@ -203,6 +203,19 @@ def markdown(
         lines += [f"- `{c}` {kind} seed {seed}: {why}" for c, kind, seed, why in result.failures]
         lines += [""]
     lines += ["## By depth", "", *overview(result, names, depths), ""]
+    claims = [
+        s.record_claims_done
+        for m in result.measurements
+        for s in m.scores
+        if s.record_claims_done is not None
+    ]
+    if claims:
+        lines += [
+            "False done in the derived sections: the tool record (read from the log) names the "
+            f"work planned but not done in {sum(claims)} of the {len(claims)} handoffs measured "
+            "that have one.",
+            "",
+        ]
     if plot_name:
         lines += [f"![recall against depth]({plot_name})", ""]
     deepest = max(depths)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from bench.handoff.sessions import Probe
 from episodic import Message
 from episodic.search import excerpt, query_terms
+from episodic.worklog import WORKLOG_HEADER
 
 _NOT_WORD = re.compile(r"[^0-9a-z]+")
 _NUMBERED = re.compile(r"^\s*(?:\*\*)?(\d{1,2})[.):]\s*(.*)$")
@@ -127,6 +128,9 @@ class ProbeScore:
     #: None where the compactor keeps no searchable log, or the model was not asked
     searched: bool | None = None
     answered_with_search: bool | None = None
+    #: for a planned-not-done probe in a handoff with a tool record (episodic's): whether
+    #: the record names the planned work, i.e. shows it as done; None otherwise
+    record_claims_done: bool | None = None
 
 
 def _answered(probe: Probe, answer: str) -> tuple[bool, bool]:
@@ -154,9 +158,31 @@ def score(
             searched = any(holds(hit, probe.keys) for hit in found[index])
         if answers_with_search is not None:
             with_search = _answered(probe, answers_with_search[index])[0]
+        record = tool_record(context)
+        claimed = (
+            holds(record, probe.keys)
+            if record is not None and probe.kind == "planned_not_done"
+            else None
+        )
         scores.append(
             ProbeScore(
-                probe.kind, holds(context, probe.keys), answered, false_done, searched, with_search
+                probe.kind,
+                holds(context, probe.keys),
+                answered,
+                false_done,
+                searched,
+                with_search,
+                claimed,
             )
         )
     return scores
+
+
+def tool_record(context: str) -> str | None:
+    """The derived record of a handoff in ``context`` (from its header to the next blank
+    line), or None when there is none."""
+    start = context.find(WORKLOG_HEADER)
+    if start < 0:
+        return None
+    end = context.find("\n\n", start)
+    return context[start : end if end >= 0 else len(context)]

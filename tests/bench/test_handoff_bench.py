@@ -24,6 +24,7 @@ from bench.handoff.compactors import COMPACTORS, load
 from bench.handoff.compactors.base import count_tokens, keep_from
 from bench.handoff.scoring import holds, parse_answers, questions_prompt, render, says_yes, score
 from bench.handoff.sessions import PROBE_KINDS, SESSION_KINDS, generate
+from episodic.worklog import WORKLOG_HEADER
 from tests.support_openai import FakeOpenAIServer, Reply, chat_completion
 
 _QUESTION = re.compile(r"^(\d+)\. (.*)$", re.MULTILINE)
@@ -122,6 +123,13 @@ def test_the_scoring_on_known_answers() -> None:
     # a key matches whole words only
     assert not holds("deploy to staging-17", ("staging-7",))
     assert questions_prompt(context, session.probes).count("\n8. ") == 1
+    # the derived record claims planned work only when it names it; no record, no claim
+    planned = keys["planned_not_done"][0]
+    assert scores["planned_not_done"].record_claims_done is None
+    handoff = f"{WORKLOG_HEADER}\nFiles:\n- tests/{planned}.py: edit_file -> ok\n\nNEXT: {planned}"
+    assert score(session.probes, handoff, ["no"] * 8)[5].record_claims_done
+    honest = f"{WORKLOG_HEADER}\nFiles:\n- src/app.py: edit_file -> ok\n\nNEXT: {planned}"
+    assert score(session.probes, honest, ["no"] * 8)[5].record_claims_done is False
 
 
 def test_the_newest_messages_kept_stay_in_budget_and_keep_no_result_without_its_call() -> None:

@@ -137,16 +137,17 @@ async def test_every_later_handoff_carries_a_pin_until_it_is_unpinned(
     assert (await store.read_events(conv, after_seq=pin.seq - 1, limit=1))[0].message.pinned
 
 
-async def test_pins_are_the_rules_and_detection_is_for_when_nothing_is_pinned(
+async def test_pins_come_first_and_detected_rules_and_reminders_after_them(
     store: EpisodicStore,
 ) -> None:
     store.trigger = EpisodicCompactionConfig(trigger_unfinished_turns=3)
     conv = await store.create_conversation()
     await store.append(conv, [Message.user("Never touch the billing module.")])
     await store.append(conv, [Message.user(RULE, pinned=True)])
+    await store.append(conv, [Message.user("At the end, mail the report; don't forget that.")])
     handoff = await _compact(store, conv, 0)
-    assert RULE in handoff
-    assert "Never touch" not in handoff  # once the application pins, its pins are the rules
+    # the pin, then what was detected, newest first
+    assert handoff.index(RULE) < handoff.index("don't forget") < handoff.index("Never touch")
 
     await store.unpin(conv, 2)
     handoff = await _compact(store, conv, 3)

@@ -109,6 +109,25 @@ def test_notes_that_copy_the_prompt_back_are_dropped() -> None:
     assert [n.text for n in kept] == ["User wants the real fix"]
 
 
+def test_a_sentence_that_copies_a_carried_line_is_cut_from_a_note() -> None:
+    instruction = "- Email them the receipt for ticket CVT-97782; don't forget that."
+    notes = parse_notes(
+        "NEXT: Call them back on Thursday. Email them the receipt for ticket CVT-97782; "
+        "don't forget that.\n"
+        "NEXT: Email them the receipt for ticket CVT-97782; don't forget that.\n"
+        "DECISION: Fine. We treat it as a currency mismatch.\n"
+        "GOAL: Customer Dr. Okafor was charged twice. Handle it.",
+        seq=1,
+    )
+    pinned = "- Customer Dr. Okafor was charged twice. Handle it. Never refund above 1250."
+    shown = ("The user's standing instructions:", instruction, pinned, "Fine.")
+    kept = drop_echoes(notes, shown)
+    assert [n.text for n in kept] == [
+        "Call them back on Thursday.",
+        "Fine. We treat it as a currency mismatch.",  # a short sentence is no copy
+    ]  # and "Handle it." is all a copy of the pinned message would leave: dropped
+
+
 def test_a_new_note_that_another_note_already_says_is_left_out() -> None:
     earlier = (Note(kind="next", text="Deploy to staging-5, not staging-8.", seq=4),)
     reply = (

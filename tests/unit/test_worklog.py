@@ -180,8 +180,15 @@ def test_a_pinned_message_is_one_instruction_kept_until_unpinned() -> None:
     assert log.instructions[0].text == "Reply in French.\nCite the ticket."
     assert log.instructions[0].pinned
     assert len(log.instructions) == 1 + 100
-    rendered = render_instructions(log, 10_000, ESTIMATOR)
-    assert rendered.splitlines()[1:] == ["- Reply in French.", "Cite the ticket."]  # pins only
+    rendered = render_instructions(log, 10_000, ESTIMATOR).splitlines()
+    # the pins first, then the detected sentences, newest first
+    assert rendered[1:4] == [
+        "- Reply in French.",
+        "Cite the ticket.",
+        "- Always use tool number 149.",
+    ]
+    only_pins = render_instructions(log, ESTIMATOR.count("\n".join(rendered[:3])) + 2, ESTIMATOR)
+    assert only_pins.splitlines()[1:3] == ["- Reply in French.", "Cite the ticket."]
     detected = render_instructions(WorkLog().fold(many), 10_000, ESTIMATOR)
     assert detected.splitlines()[1] == "- Always use tool number 149."  # the newest first
     # an unpin seen at any later compaction drops it from the carried log
