@@ -102,6 +102,22 @@ async def test_retracted_and_cleared_messages_are_not_found(store: EpisodicStore
     assert await _seqs(store, conv, "token") == [10]
 
 
+async def test_a_message_holding_a_nul_is_searched_with_the_rest(store: EpisodicStore) -> None:
+    # found by the HTTP fuzzer: PostgreSQL's jsonb cannot hold the \u0000 a message's JSON
+    # keeps, and the whole search failed as "cannot store this input"
+    conv = await store.create_conversation()
+    call = ToolCall(id="c1", name="run", args={"cmd": "zanzibar\u0000 -x"})
+    await store.append(
+        conv,
+        [
+            Message.user("zanzibar, then a nul\u0000 and C:\\u0000 as text"),
+            Message.assistant(tool_calls=[call]),
+            Message.tool_result("c1", "ran\u0000 ok", name="run"),
+        ],
+    )
+    assert await _seqs(store, conv, "zanzibar") == [3, 2, 1]
+
+
 async def test_query_syntax_of_either_database_is_only_words(store: EpisodicStore) -> None:
     conv = await _session(store)
     for query in ('"', "NEAR(token format)", "token*", "a OR b", "!(token)", "x\x00y", "'; --"):

@@ -193,6 +193,10 @@ SEARCH_SEPARATORS = "/.-@:"
 _SPACES = " " * len(SEARCH_SEPARATORS)
 #: the text given, the separators made spaces
 _SPACED = f"translate({{}}, '{SEARCH_SEPARATORS}', '{_SPACES}')"
+#: the JSON text given as jsonb, each \u0000 escape (a NUL, which jsonb cannot hold) dropped: a
+#: message may say one (json keeps it), and searching it must not fail; an escaped backslash
+#: before "u0000" is text, not the escape, and is kept
+_WITHOUT_NUL = r"CAST(regexp_replace({}, '(?<!\\)((?:\\\\)*)\\u0000', '\1', 'g') AS jsonb)"
 SEARCH_EVENTS = f"""
 WITH terms AS (
     SELECT t.ord,
@@ -210,7 +214,7 @@ retracted AS MATERIALIZED (
      WHERE r.conversation_id = $1 AND r.kind = 'retraction'
 ),
 msgs AS MATERIALIZED (
-    SELECT e.seq, CAST(e.payload AS jsonb) AS p
+    SELECT e.seq, {_WITHOUT_NUL.format("CAST(e.payload AS text)")} AS p
       FROM episodic_events e
      WHERE e.conversation_id = $1 AND e.kind = 'message'
        AND ($4::text IS NULL OR e.tenant_id = $4)
