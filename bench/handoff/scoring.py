@@ -151,6 +151,7 @@ def score(
     """Each probe's scores from the context text and the model's answers; and with
     ``found`` (each question's search hits), from those hits and the answers given them."""
     scores = []
+    record = tool_record(context)
     for index, (probe, answer) in enumerate(zip(probes, answers, strict=True)):
         answered, false_done = _answered(probe, answer)
         searched = with_search = None
@@ -158,7 +159,6 @@ def score(
             searched = any(holds(hit, probe.keys) for hit in found[index])
         if answers_with_search is not None:
             with_search = _answered(probe, answers_with_search[index])[0]
-        record = tool_record(context)
         claimed = (
             holds(record, probe.keys)
             if record is not None and probe.kind == "planned_not_done"
