@@ -33,7 +33,7 @@ from episodic.tokens import CharHeuristic, TokenEstimator
 from episodic.worklog import WorkLog, render_instructions, render_worklog
 
 #: Recorded on every boundary; bump it whenever the prompt or prefix texts change meaning.
-PROMPT_VERSION = "episodic-handoff-4"
+PROMPT_VERSION = "episodic-handoff-5"
 
 DEFAULT_SUMMARY_PREFIX = (
     "[Session handoff: runtime context from earlier in this session, not a new instruction]"
@@ -63,7 +63,7 @@ DEFAULT_COMPACTION_PROMPT = _PROMPT_TEMPLATE.format(
 
 NOTES_HEADER = "Notes so far (kept as they are):"
 #: The handoff's last line: what it summarized is still there, and where (store.search).
-RECALL_TEMPLATE = "(The log keeps everything through seq {seq}: search it for exact details.)"
+RECALL_TEMPLATE = "(Search the log for exact details through seq {seq}.)"
 TRANSCRIPT_HEADER = "Session transcript, oldest first:"
 NO_SUMMARY_TEXT = "(No summary was produced for the earlier part of this session.)"
 TRUNCATION_MARKER = "\n[... cut to fit the token budget ...]\n"

@@ -20,6 +20,8 @@ from typing import Literal
 from pydantic import ConfigDict
 
 from episodic.models import EpisodicModel
+from episodic.rendering import TOOL_RESULT_CUT_MARKER
+from episodic.sentences import split_sentences
 from episodic.tokens import TokenEstimator
 
 #: ``text``: a line written under no label (a prompt that asks for prose gets prose back)
@@ -99,10 +101,6 @@ _HEADING = re.compile(
 _BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")
 _NOTHING = {"none", "nothing", "nothing new", "n/a", "not applicable", "no new notes", "-"}
 _WORD = re.compile(r"[a-z0-9][a-z0-9_.:/-]*")
-#: where a sentence ends: after . ! or ?, but not after a title ("Dr. Okafor")
-_SENTENCE_END = re.compile(
-    r"(?<=[.!?])(?<!\b[A-Z][a-z]\.)(?<!\b[A-Z][a-z]{2}\.)(?<!\b[A-Z][a-z]{3}\.)\s+"
-)
 #: a sentence of fewer words is not taken for a copy of a line it occurs in
 _MIN_COPIED_WORDS = 3
 _NOTE_CHARS = 400
@@ -112,6 +110,10 @@ _MIN_NOTE_WORDS = 2
 _MARKUP = re.compile(
     r"^(?:\[(?:user|assistant|system)\]|\[?tool (?:calls|result)\b)", re.IGNORECASE
 )
+
+#: the fixed words of a cut tool result's marker: a note holding them copied the transcript's
+#: markup, not a finding ("16:10:42 IN [... 166 more characters: the tool record keeps ...")
+_CUT_MARKER_KEY = " ".join(_WORD.findall(TOOL_RESULT_CUT_MARKER.partition("{more}")[2].lower()))
 
 
 class Note(EpisodicModel):
@@ -182,8 +184,8 @@ def _unique(notes: Sequence[Note]) -> list[Note]:
 def drop_echoes(notes: Sequence[Note], texts: Sequence[str]) -> tuple[Note, ...]:
     """``notes`` without those that only repeat a line of ``texts`` (what the prompt showed the
     model: a small model copies the form's descriptions and the record back), the
-    transcript's markup ("tool calls: ..."), bare headings ("Files:") and single words under
-    a label ("FACT: shell"); prose is kept as the model wrote it."""
+    transcript's markup ("tool calls: ...", a cut result's marker), bare headings ("Files:")
+    and single words under a label ("FACT: shell"); prose is kept as the model wrote it."""
     shown = [_key(line) for text in texts for line in text.splitlines() if line.strip()]
     trimmed = (note if note.kind == "text" else _uncopied(note, shown) for note in notes)
     return tuple(
@@ -194,6 +196,7 @@ def drop_echoes(notes: Sequence[Note], texts: Sequence[str]) -> tuple[Note, ...]
         and not any(_echoes(note, line) for line in shown)
         and not note.text.endswith(":")
         and not _MARKUP.match(note.text)
+        and _CUT_MARKER_KEY not in _key(note.text)
     )
 
 
@@ -201,7 +204,7 @@ def _uncopied(note: Note, shown: Sequence[str]) -> Note | None:
     """``note`` without the sentences that copy a shown line (keys) whole: "Call them back on
     Thursday. Email the receipt; don't forget that." beside a carried instruction that says
     the second sentence keeps the first. None when every sentence is a copy."""
-    sentences = _SENTENCE_END.split(note.text)
+    sentences = split_sentences(note.text)
     kept = [sentence for sentence in sentences if not _copies(sentence, shown)]
     if len(kept) == len(sentences):
         return note
@@ -242,13 +245,16 @@ def render_notes(
     first = seqs[0] if seqs else 0
 
     def rank(i: int) -> tuple[int, int, int]:
-        note = notes[i]
-        # The session's goal is set at its start; a later "goal" is a side request, kept
-        # like a fact.
-        kind = "fact" if note.kind == "goal" and note.seq != first else note.kind
-        return (distance[note.seq], _PRIORITY[kind], i)
+        return (distance[notes[i].seq], _PRIORITY[notes[i].kind], i)
 
-    ranked = sorted(range(len(notes)), key=rank)
+    # The session's goal is set where the notes start. A later compaction sees a window whose
+    # newest request is mostly a detour ("check the status log"), and the newest request is
+    # kept word for word beside the handoff anyway: its "goal" is left out (in bench/handoff,
+    # 7 of the 10 later goals of two runs were side requests, 3 restated the pinned task).
+    ranked = sorted(
+        (i for i, note in enumerate(notes) if note.kind != "goal" or note.seq == first),
+        key=rank,
+    )
     chosen: set[int] = set()
     used = 0
     for index in ranked:

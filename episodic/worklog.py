@@ -21,6 +21,7 @@ from typing import Annotated, TypeAlias, TypeVar
 from pydantic import ConfigDict, Field, JsonValue
 
 from episodic.models import EpisodicModel, Message, ToolCall
+from episodic.sentences import split_sentences
 from episodic.tokens import TokenEstimator
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -46,9 +47,18 @@ _STANDING = re.compile(
     r"standing rule|rule for|remember to|(?:don't|do not) forget)\b",
     re.IGNORECASE,
 )
+#: a sentence of the user or the agent that says how the problem reproduces: "It reproduces
+#: when you ...", "Reproduced with `...`", "To reproduce: ...", "repro steps: ..." (not a bare
+#: "Reproduced." or "Reproduced; the fix goes in x.py", which say that, not how)
+_REPRODUCES = re.compile(
+    r"\b(?:to reproduce|repro(?:duction)? steps|reproduc\w*(?:\s+(?:it|this|that|the \w+))?"
+    r"(?:\s*:|\s+(?:when|with|by|using|via|if|after|on|in)\b))",
+    re.IGNORECASE,
+)
 _LINE_CHARS = 160
-#: the characters of an output line kept around an identifier seen on it
-_AROUND_CHARS = 64
+#: the characters of an output line kept around an identifier seen on it (the words that say
+#: what it is; the rest of the line is in the log)
+_AROUND_CHARS = 48
 #: the newest entries a section keeps (a boundary stores the log: it must not grow without
 #: bound; older entries are still in the log itself)
 MAX_ENTRIES = 100
@@ -122,6 +132,17 @@ class Instruction(EpisodicModel):
     pinned: bool = False
 
 
+class Reproduction(EpisodicModel):
+    """A sentence of the user or the agent that says how the problem reproduces ("It
+    reproduces when you open Billing, ..."), as said: a model asked to copy such steps word
+    for word leaves them out (measured in bench/handoff: the 1.5B model wrote none of the
+    support sessions' steps at any depth)."""
+
+    model_config = _FROZEN
+    text: str
+    seq: int
+
+
 class WorkLog(EpisodicModel):
     """The record a boundary carries (see the module docstring). Entries are kept newest
     last; :func:`render_worklog` orders them for reading."""
@@ -133,6 +154,7 @@ class WorkLog(EpisodicModel):
     identifiers: tuple[IdentifierEntry, ...] = ()
     open_calls: tuple[OpenCall, ...] = ()
     instructions: tuple[Instruction, ...] = ()
+    reproductions: tuple[Reproduction, ...] = ()
 
     def fold(
         self,
@@ -152,7 +174,7 @@ class WorkLog(EpisodicModel):
 
 
 _Dated: TypeAlias = (
-    FileEntry | ChangeEntry | CommandEntry | IdentifierEntry | OpenCall | Instruction
+    FileEntry | ChangeEntry | CommandEntry | IdentifierEntry | OpenCall | Instruction | Reproduction
 )
 
 
@@ -165,9 +187,10 @@ class _Folding:
         self.identifiers = {entry.value: entry for entry in log.identifiers}
         self.instructions = {entry.text: entry for entry in log.instructions}
         self.open = {entry.id: entry for entry in log.open_calls}
+        self.reproductions = {entry.text: entry for entry in log.reproductions}
         groups: tuple[Sequence[_Dated], ...] = (
             log.files, log.changes, log.commands, log.identifiers, log.open_calls,
-            log.instructions,
+            log.instructions, log.reproductions,
         )  # fmt: skip
         self.seq = max((entry.seq for group in groups for entry in group), default=0)
 
@@ -178,6 +201,11 @@ class _Folding:
             _newest(self.instructions, text, Instruction(text=text, seq=self.seq, pinned=True))
         elif message.role == "user" and self.detect_instructions:
             self._instructions(message.text)
+        if message.role in ("user", "assistant"):
+            for sentence in split_sentences(message.text):
+                if _REPRODUCES.search(sentence):
+                    entry = Reproduction(text=_clip(sentence), seq=self.seq)
+                    _newest(self.reproductions, entry.text, entry)
         for call in message.tool_calls:
             self.open[call.id] = OpenCall(id=call.id, name=call.name, args=call.args, seq=self.seq)
         if message.role == "tool" and message.tool_call_id is not None:
@@ -186,7 +214,7 @@ class _Folding:
                 self._result(waiting.as_call(), message)
 
     def _instructions(self, text: str) -> None:
-        for sentence in _sentences(text):
+        for sentence in split_sentences(text):
             found = self.instructions.get(sentence)
             if _STANDING.search(sentence) and not (found is not None and found.pinned):
                 _newest(self.instructions, sentence, Instruction(text=sentence, seq=self.seq))
@@ -261,6 +289,7 @@ class _Folding:
             identifiers=newest(self.identifiers),
             open_calls=newest(self.open),
             instructions=tuple(pinned.values()) + newest(detected),
+            reproductions=newest(self.reproductions),
         )
 
 
@@ -272,11 +301,6 @@ def _newest(entries: dict[str, _Entry], key: str, entry: _Entry) -> None:
     the log keeps its entries newest last)."""
     entries.pop(key, None)
     entries[key] = entry
-
-
-def _sentences(text: str) -> list[str]:
-    parts = re.split(r"(?<=[.!?])\s+|\n+", text.strip())
-    return [part.strip() for part in parts if part.strip()]
 
 
 def _call_text(call: ToolCall) -> str:
@@ -341,8 +365,8 @@ def _clip(text: str) -> str:
 
 # ---- rendering -----------------------------------------------------------------------------
 
-WORKLOG_HEADER = "Tool record (read from the log, not summarized):"
-INSTRUCTIONS_HEADER = "The user's standing instructions (verbatim):"
+WORKLOG_HEADER = "Record from the log, exact:"
+INSTRUCTIONS_HEADER = "Standing instructions, verbatim:"
 
 
 def render_instructions(
@@ -371,21 +395,29 @@ def render_instructions(
 
 
 def render_worklog(log: WorkLog, budget: int, estimator: TokenEstimator) -> str:
-    """The files, commands, errors, changes and waiting calls, within ``budget`` tokens:
-    within each section the most relevant first (failures, then the most touched and the
-    newest), each section's first entries before any section's later ones, and a count of the
-    entries left out. Empty when there are none or the budget holds no entry."""
+    """The files, commands, what was said about reproducing the problem, errors, changes and
+    waiting calls, within ``budget`` tokens: within each section the most relevant first
+    (failures, then the most touched and the newest), each section's first entries before any
+    section's later ones, and a count of the entries left out. Empty when there are none or
+    the budget holds no entry."""
+    commands = [c.command for c in log.commands]
     sections = [
         ("Files", [
             f"- {f.path}: {f.action}" + (f" x{f.times}" if f.times > 1 else "") + f" -> {f.outcome}"
             for f in sorted(log.files, key=lambda f: (-f.times, -f.seq))
         ]),
-        ("Commands (last output line)", [
+        ("Commands run", [
             f"- `{c.command}`" + (f" x{c.runs}" if c.runs > 1 else "") + f" -> {c.outcome}"
             for c in sorted(log.commands, key=lambda c: (not c.failed, -c.seq))
         ]),
-        ("Errors and ids in tool output", _identifier_lines(log.identifiers)),
-        ("Changes by tools", [
+        # a sentence naming a command the record lists says no more than its line does
+        ("Reproduction, as said", [
+            f"- {r.text}"
+            for r in sorted(log.reproductions, key=lambda r: -r.seq)
+            if not any(command in r.text for command in commands)
+        ]),
+        ("Errors and ids seen", _identifier_lines(log.identifiers)),
+        ("Changes made", [
             f"- {c.call}" + (f" x{c.times}" if c.times > 1 else "") + f" -> {c.outcome}"
             for c in sorted(log.changes, key=lambda c: (-c.times, -c.seq))
         ]),
@@ -455,6 +487,7 @@ __all__ = [
     "IdentifierEntry",
     "Instruction",
     "OpenCall",
+    "Reproduction",
     "WorkLog",
     "render_instructions",
     "render_worklog",

@@ -4,6 +4,7 @@ budget (episodic.notes)."""
 from __future__ import annotations
 
 from episodic.notes import Note, drop_echoes, merge_notes, parse_notes, render_notes
+from episodic.rendering import TOOL_RESULT_CUT_MARKER
 from episodic.tokens import CharHeuristic
 
 ESTIMATOR = CharHeuristic()
@@ -86,6 +87,17 @@ def test_over_budget_the_first_compactions_notes_outrank_the_newest() -> None:
     assert kept == (first,)
 
 
+def test_a_later_compactions_goal_is_left_out_and_the_first_one_kept() -> None:
+    # the first compaction saw the session start; a later one's "goal" is its newest request,
+    # a detour the retained user messages carry word for word
+    first = parse_notes("GOAL: fix the double post\nNEXT: deploy to staging-5", seq=3)
+    later = parse_notes("GOAL: check the status log\nFACT: the status log is quiet", seq=9)
+    text, kept = render_notes(merge_notes(first, later), 1_000, ESTIMATOR)
+    assert [(n.kind, n.seq) for n in kept] == [("goal", 3), ("next", 3), ("fact", 9)]
+    assert "status log is quiet" in text
+    assert "check the status log" not in text
+
+
 def test_within_a_compaction_the_goal_and_next_steps_outrank_facts() -> None:
     notes = parse_notes("FACT: " + "f" * 80 + "\nGOAL: fix it\nNEXT: ship it", seq=1)
     _, kept = render_notes(notes, ESTIMATOR.count("GOAL: fix it\nNEXT: ship it") + 2, ESTIMATOR)
@@ -107,6 +119,14 @@ def test_notes_that_copy_the_prompt_back_are_dropped() -> None:
     record = "Record:\nFiles:\n- src/app.py: edit_file -> ok"
     kept = drop_echoes(notes, ("What the user wants done.", record))
     assert [n.text for n in kept] == ["User wants the real fix"]
+
+
+def test_a_note_that_copies_a_cut_tool_result_is_dropped() -> None:
+    # the model copies the head of a result it was shown cut, marker and all
+    cut = TOOL_RESULT_CUT_MARKER.format(more=166)
+    notes = parse_notes(f"FACT: 16:10:42 IN{cut}\nFACT: The status log shows no outage.", seq=1)
+    kept = drop_echoes(notes, ())
+    assert [n.text for n in kept] == ["The status log shows no outage."]
 
 
 def test_a_sentence_that_copies_a_carried_line_is_cut_from_a_note() -> None:

@@ -119,6 +119,30 @@ def test_the_rendering_keeps_its_budget_puts_failures_first_and_counts_what_it_l
     assert render_worklog(log, 1, ESTIMATOR) == ""
 
 
+def test_what_was_said_about_reproducing_it_is_carried_as_said_unless_a_command_says_it() -> None:
+    steps = "It reproduces when you open Invoices, filter by Unpaid, then click Send reminders."
+    messages = [
+        *SESSION,
+        Message(role="assistant", content=f"Found ticket WTG-74937. {steps} It is a bug.", seq=9),
+        Message(role="assistant", content="Reproduced; the fix goes in src/sync.py.", seq=10),
+        Message(
+            role="assistant",
+            content="Reproduced with `pytest tests/test_sync.py::test_twice -x` above.",
+            seq=11,
+        ),
+        Message(role="tool", tool_call_id="c4", content="It reproduces when you run it.", seq=12),
+    ]
+    log = WorkLog().fold(messages[:10]).fold(messages[10:])  # across a boundary
+    assert [r.text for r in log.reproductions] == [
+        steps,
+        "Reproduced with `pytest tests/test_sync.py::test_twice -x` above.",
+    ]  # not a bare "Reproduced", not a tool's output
+    text = render_worklog(log, 10_000, ESTIMATOR)
+    assert f"- {steps}" in text
+    # the command's own line says it, with what it printed
+    assert "Reproduced with" not in text
+
+
 def test_standing_instructions_render_apart_and_skip_what_is_shown_beside_them() -> None:
     log = WorkLog().fold(SESSION)
     text = render_instructions(log, 1_000, ESTIMATOR)
