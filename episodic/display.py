@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from episodic.formats.claude_code import claude_compaction, describe_compaction
 from episodic.models import (
     BoundaryEvent,
     DeletionEvent,
@@ -71,15 +72,19 @@ def short_id(value: object, *, wide: bool) -> str:
 
 
 def event_kind(event: StoredEvent) -> str:
-    """A message's role, or the event's kind."""
+    """A message's role, or the event's kind (a framework's own compaction recorded as a
+    message is a boundary)."""
     if isinstance(event, MessageEvent):
-        return event.message.role
+        return "boundary" if claude_compaction(event.message) else event.message.role
     return event.kind
 
 
 def describe_event(event: StoredEvent) -> str:
     """One line about an event (not yet made terminal-safe)."""
     if isinstance(event, MessageEvent):
+        compaction = claude_compaction(event.message)
+        if compaction is not None:
+            return describe_compaction(compaction)
         return describe_message(event.message)
     if isinstance(event, RunCompletedEvent):
         abandoned = ", ".join(event.abandoned_tool_call_ids) or "none"

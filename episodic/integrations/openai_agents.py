@@ -101,14 +101,15 @@ class EpisodicSession(SessionABC):
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The compacted view (all of it, or its latest ``limit`` items), oldest first. A
-        window never starts with a call's output whose call it leaves out."""
+        window holds no call's output whose call it leaves out (so it may hold fewer than
+        ``limit`` items)."""
         wanted = resolve_session_limit(limit, self.session_settings)
         if wanted is not None and wanted <= 0:
             return []
         view = await self._read_view()
         items = view.items if view is not None else []
         if wanted is not None and len(items) > wanted:
-            items = _without_leading_outputs(items[-wanted:])
+            items = _without_orphan_outputs(items[-wanted:])
         return _as_items(items)
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
@@ -304,12 +305,22 @@ def _as_items(items: list[dict[str, Any]]) -> list[TResponseInputItem]:
     return cast(list[TResponseInputItem], items)
 
 
-def _without_leading_outputs(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``items`` less the call outputs at its start, whose calls fell outside the window."""
-    start = 0
-    while start < len(items) and str(items[start].get("type", "")).endswith("_call_output"):
-        start += 1
-    return items[start:]
+def _without_orphan_outputs(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``items`` less the call outputs whose call is not before them in ``items`` (it fell
+    outside the window). Not only at the start: with parallel calls a window can begin
+    between two calls and hold both outputs, and the Responses API refuses an output
+    without its call anywhere in the input."""
+    called: set[object] = set()
+    kept: list[dict[str, Any]] = []
+    for item in items:
+        call_id = item.get("call_id")
+        if str(item.get("type", "")).endswith("_call_output"):
+            if call_id not in called:
+                continue
+        elif call_id is not None:
+            called.add(call_id)
+        kept.append(item)
+    return kept
 
 
 __all__ = [

@@ -30,6 +30,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from episodic import errors
 from episodic.context import MISSING_RESULT_TEXT, Context
 from episodic.display import terminal_safe
+from episodic.formats.claude_code import claude_compaction, describe_compaction
 from episodic.models import (
     BoundaryEvent,
     ClearEvent,
@@ -180,6 +181,8 @@ class LogRow:
     retracted_by: int | None = None
     #: a boundary: whether it is the one the context starts from
     current: bool = False
+    #: a message recording a framework's own compaction (Claude Code's): what it says
+    compaction: str | None = None
 
 
 def log_rows(events: list[StoredEvent], context: Context | None, found: Scan) -> list[LogRow]:
@@ -202,7 +205,9 @@ def log_rows(events: list[StoredEvent], context: Context | None, found: Scan) ->
                 status = "summarized"
         elif isinstance(event, BoundaryEvent) and event.seq <= found.cleared_at:
             status = "cleared"
-        rows.append(LogRow(event, status, by, event.seq == current))
+        compaction = claude_compaction(event.message) if isinstance(event, MessageEvent) else None
+        described = describe_compaction(compaction) if compaction is not None else None
+        rows.append(LogRow(event, status, by, event.seq == current, described))
     return rows
 
 

@@ -92,6 +92,45 @@ async def test_a_window_never_starts_with_an_output_without_its_call(
     assert await limited.get_items() == ITEMS[1:4]
 
 
+#: two parallel calls, their two outputs, then the reply
+PARALLEL: list[dict[str, Any]] = [
+    {"role": "user", "content": "Weather in Paris and in Rome?"},
+    *(
+        {
+            "type": "function_call",
+            "call_id": f"call_{city}",
+            "name": "weather",
+            "arguments": f'{{"city": "{city}"}}',
+        }
+        for city in ("paris", "rome")
+    ),
+    *(
+        {"type": "function_call_output", "call_id": f"call_{city}", "output": "sunny"}
+        for city in ("paris", "rome")
+    ),
+    {"role": "assistant", "content": "Sunny in both."},
+]
+
+
+async def test_no_window_holds_an_output_without_its_call_with_parallel_calls(
+    session: EpisodicSession,
+) -> None:
+    await session.add_items(copy.deepcopy(PARALLEL))
+    for limit in range(1, len(PARALLEL) + 1):
+        window = await session.get_items(limit=limit)
+        calls = set()
+        for item in window:
+            if item.get("type") == "function_call":
+                calls.add(item["call_id"])
+            if item.get("type") == "function_call_output":
+                assert item["call_id"] in calls, (limit, window)
+        # what is left out is only outputs whose call fell outside: the newest items stay
+        assert window[-1] == PARALLEL[-1]
+        assert all(item in PARALLEL[-limit:] for item in window)
+    # the window that cuts between the two calls keeps the second call and its output only
+    assert await session.get_items(limit=4) == [PARALLEL[2], PARALLEL[4], PARALLEL[5]]
+
+
 async def test_an_unknown_session_reads_empty(session: EpisodicSession) -> None:
     assert await session.get_items() == []
     assert await session.pop_item() is None

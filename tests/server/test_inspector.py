@@ -15,10 +15,12 @@ from uuid import UUID
 
 import httpx
 import pytest
+from pydantic import JsonValue
 
 from episodic import EpisodicStore, Message, ToolCall, Usage
 from episodic.compaction import CompactionRequest
-from episodic.models import MessageEvent
+from episodic.formats.claude_code import ENTRY_PROTOCOL
+from episodic.models import MessageEvent, NativePayload
 from episodic.server import create_app
 from episodic.server.inspector import COOKIE, safe_next
 from episodic.server.keys import KeyStore
@@ -297,6 +299,35 @@ async def test_the_compacted_conversation_page(
     assert re.findall(r'<tr id="seq-(\d+)"', log) == ["6", "7", "8", "9", "10"]
     assert f"/ui/conversations/{cid}?tenant=acme&amp;after_seq=10&amp;limit=5#log" in log
     assert f"/ui/conversations/{cid}?tenant=acme&amp;limit=5#log" in log  # back to the start
+
+
+async def test_a_mirrored_claude_code_compaction_is_shown_as_a_boundary(
+    store: EpisodicStore, browser: httpx.AsyncClient, operator: str
+) -> None:
+    # what EpisodicSessionStore keeps of Claude Code's transcript (no SDK needed to read it)
+    def line(entry: dict[str, JsonValue]) -> Message:
+        native = NativePayload(protocol=ENTRY_PROTOCOL, data=entry)
+        role = "user" if entry["type"] == "user" else "system"
+        return Message(role=role, content=str(entry.get("content", "")), native=native)
+
+    cid = await store.for_tenant("ops").create_conversation()
+    await store.for_tenant("ops").append(
+        cid,
+        [
+            line({"type": "user", "content": "fix the flaky test", "uuid": "u1"}),
+            line({
+                "type": "system", "subtype": "compact_boundary", "uuid": "c1",
+                "content": "Conversation compacted",
+                "compactMetadata": {"trigger": "auto", "preTokens": 154_321},
+            }),
+        ],
+    )  # fmt: skip
+    page = _html(await browser.get(f"/ui/conversations/{cid}", headers=_bearer(operator)))
+    (_, row) = page.split('data-testid="framework-boundary"')
+    row = row.split("</tr>")[0]
+    assert "Claude Code compaction boundary (auto, 154,321 tokens)" in row
+    assert 'class="boundary' in page.split('data-testid="framework-boundary"')[0][-200:]
+    assert page.count('data-testid="framework-boundary"') == 1  # the user line is a message
 
 
 async def test_an_operator_views_another_tenant_only_when_it_asks(
