@@ -56,12 +56,18 @@ STOP_WORDS = frozenset(
 )
 
 
+#: what a query must hold: a character no regex engine takes for white space (Python's ``\s``
+#: has the separators \x1c-\x1f and NEL, JSON Schema's ECMAScript ``\s`` has the BOM and
+#: neither; the HTTP API's schema states this same pattern, so what it admits is searched)
+QUERY_PATTERN = r"[^\s\x1c-\x1f\x85\ufeff]"
+
+
 def query_terms(query: str) -> tuple[str, ...]:
     """The words ``query`` is matched by: lower-cased, stop words and repeats dropped, at most
     :data:`MAX_TERMS`. Empty when the query holds nothing but stop words (it then finds
     nothing). Raises :class:`ValidationError` for a query that is not text, is blank or is
     longer than :data:`MAX_QUERY_LENGTH`."""
-    if not isinstance(query, str) or not query.strip():
+    if not isinstance(query, str) or not re.search(QUERY_PATTERN, query):
         raise ValidationError("the search query must be non-empty text", field="q")
     if len(query) > MAX_QUERY_LENGTH:
         raise ValidationError(

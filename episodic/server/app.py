@@ -24,7 +24,7 @@ from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from episodic import errors
-from episodic.search import MAX_QUERY_LENGTH, MAX_SEARCH_LIMIT
+from episodic.search import MAX_QUERY_LENGTH, MAX_SEARCH_LIMIT, QUERY_PATTERN
 from episodic.server.access_log import REQUEST_ID, observe_requests, request_id_of
 from episodic.server.auth import JsonBody, KeyOf, key_dependency
 from episodic.server.inbound import AppendFormat, document_requests, read_append
@@ -403,7 +403,7 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
             Query(
                 min_length=1,
                 max_length=MAX_QUERY_LENGTH,
-                pattern=r"\S",
+                pattern=QUERY_PATTERN,
                 description="a few words: an error code, a file name, what was decided",
             ),
         ],

@@ -4,6 +4,7 @@ and then the newest, nothing retracted, cleared, another tenant's or erased."""
 
 from __future__ import annotations
 
+import re
 from uuid import UUID, uuid4
 
 import pytest
@@ -20,6 +21,7 @@ from episodic import (
 from episodic.search import (
     MAX_SEARCH_LIMIT,
     MAX_TERMS,
+    QUERY_PATTERN,
     excerpt,
     prefix_forms,
     query_terms,
@@ -158,6 +160,18 @@ async def test_an_erased_conversation_finds_nothing(store: EpisodicStore) -> Non
         await store.search(conv, "token")
     again = await _session(store)  # a new conversation holds the same words
     assert await _seqs(store, again, "E-2147") == [3]
+
+
+@pytest.mark.parametrize("query", ["\x1c", "\x85 \x1f", "\ufeff", "\u00a0\u3000", "\t\n"])
+def test_a_query_of_white_space_in_any_engines_sense_is_refused_as_the_api_schema_says(
+    query: str,
+) -> None:
+    # the HTTP API's schema states QUERY_PATTERN (a fuzzer found "\x1c" admitted by it and
+    # refused here): the library and the schema agree on what is blank
+    assert re.search(QUERY_PATTERN, query) is None
+    with pytest.raises(ValidationError, match="non-empty"):
+        query_terms(query)
+    assert query_terms(query + "E2147") == ("e2147",)
 
 
 def test_query_terms_are_lowered_deduplicated_and_bounded() -> None:
