@@ -199,10 +199,11 @@ class _Folding:
         if message.role == "user" and message.pinned:
             text = message.text.strip()
             _newest(self.instructions, text, Instruction(text=text, seq=self.seq, pinned=True))
-        elif message.role == "user" and self.detect_instructions:
-            self._instructions(message.text)
         if message.role in ("user", "assistant"):
-            for sentence in split_sentences(message.text):
+            sentences = split_sentences(message.text)  # once, for the rules and the repro
+            if message.role == "user" and not message.pinned and self.detect_instructions:
+                self._instructions(sentences)
+            for sentence in sentences:
                 if _REPRODUCES.search(sentence):
                     entry = Reproduction(text=_clip(sentence), seq=self.seq)
                     _newest(self.reproductions, entry.text, entry)
@@ -213,8 +214,8 @@ class _Folding:
             if waiting is not None:
                 self._result(waiting.as_call(), message)
 
-    def _instructions(self, text: str) -> None:
-        for sentence in split_sentences(text):
+    def _instructions(self, sentences: Sequence[str]) -> None:
+        for sentence in sentences:
             found = self.instructions.get(sentence)
             if _STANDING.search(sentence) and not (found is not None and found.pinned):
                 _newest(self.instructions, sentence, Instruction(text=sentence, seq=self.seq))

@@ -50,6 +50,7 @@ from episodic.errors import (
     ValidationError,
 )
 from episodic.formats.claude_code import ENTRY_PROTOCOL
+from episodic.integrations.sessions import create_session_conversation
 from episodic.models import Conversation, Message, MessageEvent, NativePayload, StateChange
 from episodic.store import DEFAULT_TENANT, EpisodicStore
 
@@ -110,7 +111,7 @@ class EpisodicSessionStore(SessionStore):
                 stored = exc.key or pending[0].get("uuid")
                 pending = [entry for entry in pending if entry.get("uuid") != stored]
             except ErasedConversationError:
-                raise  # deleted: see _create
+                raise  # deleted: a late write does not bring it back
             except ConflictError:
                 continue  # another append to the session won: fold on top of it
         raise ConflictError(
@@ -178,15 +179,9 @@ class EpisodicSessionStore(SessionStore):
         }
         if subpath:
             named["subpath"] = subpath
-        metadata: dict[str, JsonValue] = {"claude_agent": named}
-        try:
-            await self.store.create_conversation(
-                conversation_id=cid, metadata=metadata, app_name=app_name, user_id=user_id
-            )
-        except ErasedConversationError:
-            raise  # a deleted session stays deleted: its id is not re-created by a late write
-        except ConflictError:
-            pass  # created meanwhile by a concurrent first write
+        await create_session_conversation(
+            self.store, cid, metadata={"claude_agent": named}, app_name=app_name, user_id=user_id
+        )
 
     async def load(self, key: SessionKey) -> list[SessionStoreEntry] | None:
         """The key's entries as appended, oldest first; None for a key never written (or

@@ -78,9 +78,7 @@ from pydantic_core import to_jsonable_python
 
 from episodic.errors import (
     ConfigurationError,
-    ConflictError,
     ConversationDeletedError,
-    ErasedConversationError,
     IdempotencyMismatchError,
     NotFoundError,
     ValidationError,
@@ -90,6 +88,7 @@ from episodic.formats.langchain import (
     messages_to_langchain,
     usage_from_langchain,
 )
+from episodic.integrations.sessions import create_session_conversation, named_conversation_id
 from episodic.models import Message, Usage
 from episodic.store import DEFAULT_TENANT, EpisodicStore
 
@@ -116,7 +115,7 @@ ConversationResolver: TypeAlias = Callable[
 def session_conversation_id(session_id: str, tenant_id: str = DEFAULT_TENANT) -> UUID:
     """The conversation a session id (a thread id, say) names for a tenant: the same id,
     the same conversation, in every process."""
-    return uuid.uuid5(SESSION_NAMESPACE, f"{tenant_id}\x00{session_id}")
+    return named_conversation_id(SESSION_NAMESPACE, session_id, tenant_id)
 
 
 def thread_id_of(runtime: Runtime[Any]) -> str | None:
@@ -335,14 +334,9 @@ class EpisodicMiddleware(AgentMiddleware[EpisodicAgentState, Any, Any]):
                 await self.store.append(conversation_id, rest, usage=usage)
 
     async def _create(self, conversation_id: UUID, session_id: str) -> None:
-        try:
-            await self.store.create_conversation(
-                conversation_id=conversation_id, metadata={"langchain_session_id": session_id}
-            )
-        except ErasedConversationError:
-            raise  # an erased session stays erased unless its id is reused on purpose
-        except ConflictError:
-            pass  # created meanwhile by a concurrent first write
+        await create_session_conversation(
+            self.store, conversation_id, metadata={"langchain_session_id": session_id}
+        )
 
 
 # ---- messages -------------------------------------------------------------------------

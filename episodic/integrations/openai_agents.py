@@ -49,12 +49,12 @@ from episodic import BoundaryRequest
 from episodic.context import boundary_messages
 from episodic.errors import (
     ConflictError,
-    ErasedConversationError,
     NotFoundError,
     UnsafeCutError,
     ValidationError,
 )
 from episodic.integrations.search import DEFAULT_TOOL_HITS, ConversationSearch
+from episodic.integrations.sessions import create_session_conversation, named_conversation_id
 from episodic.models import Message, MessageEvent, Usage
 from episodic.store import DEFAULT_TENANT, EpisodicStore
 from episodic.view import in_view
@@ -71,7 +71,7 @@ SESSION_NAMESPACE = uuid.UUID("6f3a1c52-9a43-4f0e-8d7e-5b3f4f0a2e61")
 def session_conversation_id(session_id: str, tenant_id: str = DEFAULT_TENANT) -> UUID:
     """The conversation a session id names for a tenant: the same id, the same conversation,
     in every process."""
-    return uuid.uuid5(SESSION_NAMESPACE, f"{tenant_id}\x00{session_id}")
+    return named_conversation_id(SESSION_NAMESPACE, session_id, tenant_id)
 
 
 def session_settings_of(value: SessionSettings | dict[str, Any] | None) -> SessionSettings:
@@ -276,14 +276,9 @@ class EpisodicSession(SessionABC):
         )
 
     async def _create(self) -> None:
-        try:
-            await self.store.create_conversation(
-                conversation_id=self.conversation_id, metadata={"session_id": self.session_id}
-            )
-        except ErasedConversationError:
-            raise  # an erased session stays erased unless its id is reused on purpose
-        except ConflictError:
-            pass  # created meanwhile by a concurrent first write
+        await create_session_conversation(
+            self.store, self.conversation_id, metadata={"session_id": self.session_id}
+        )
 
 
 @dataclass(frozen=True, slots=True)

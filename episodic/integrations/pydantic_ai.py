@@ -60,8 +60,6 @@ from pydantic_core import PydanticSerializationError
 
 from episodic.context import MISSING_RESULT_TEXT
 from episodic.errors import (
-    ConflictError,
-    ErasedConversationError,
     IdempotencyMismatchError,
     NotFoundError,
     ValidationError,
@@ -73,6 +71,7 @@ from episodic.formats.pydantic_ai import (
     system_prompt_parts,
 )
 from episodic.integrations.search import DEFAULT_TOOL_HITS, ConversationSearch
+from episodic.integrations.sessions import create_session_conversation, named_conversation_id
 from episodic.models import Message, MessageEvent, RunCompletedEvent, Usage
 from episodic.store import DEFAULT_TENANT, EpisodicStore
 
@@ -103,7 +102,7 @@ _ADAPTER: pydantic.TypeAdapter[list[ModelMessage]] = pydantic.TypeAdapter(
 def session_conversation_id(session_id: str, tenant_id: str = DEFAULT_TENANT) -> UUID:
     """The conversation a session id names for a tenant: the same id, the same conversation,
     in every process."""
-    return uuid.uuid5(SESSION_NAMESPACE, f"{tenant_id}\x00{session_id}")
+    return named_conversation_id(SESSION_NAMESPACE, session_id, tenant_id)
 
 
 class EpisodicHistory:
@@ -289,14 +288,9 @@ class EpisodicHistory:
             return await self.store.append(self.conversation_id, batch, usage=usage)
 
     async def _create(self) -> None:
-        try:
-            await self.store.create_conversation(
-                conversation_id=self.conversation_id, metadata={"session_id": self.session_id}
-            )
-        except ErasedConversationError:
-            raise  # an erased session stays erased unless its id is reused on purpose
-        except ConflictError:
-            pass  # created meanwhile by a concurrent first write
+        await create_session_conversation(
+            self.store, self.conversation_id, metadata={"session_id": self.session_id}
+        )
 
     async def _completed_after(self, last: MessageEvent) -> bool:
         """Whether a run completion follows the run's last message already: an append the
