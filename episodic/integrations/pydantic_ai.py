@@ -166,9 +166,16 @@ class EpisodicHistory:
                 field="result",
             )
         data = _dumped(new_messages())
+        before = await self._last_seq()
         stored = await self._append(data)
-        if stored and not _waiting_calls(data) and not await self._completed_after(stored[-1]):
-            await self.store.mark_run_completed(self.conversation_id)
+        if stored and not _waiting_calls(data):
+            # A fresh write lands after all the log held when this save began; a replay gives
+            # back what an earlier save stored, which marked the run unless it died first.
+            # (Asking only whether a completion follows the batch misses a run whose batch a
+            # concurrent save's completion happens to follow.)
+            fresh = stored[0].seq > before
+            if fresh or not await self._completed_after(stored[-1]):
+                await self.store.mark_run_completed(self.conversation_id)
         return stored
 
     async def append(self, messages: Sequence[ModelMessage]) -> list[MessageEvent]:
@@ -291,6 +298,13 @@ class EpisodicHistory:
         await create_session_conversation(
             self.store, self.conversation_id, metadata={"session_id": self.session_id}
         )
+
+    async def _last_seq(self) -> int:
+        """Where the session's log ends now (0 for a session never written)."""
+        try:
+            return (await self.store.get_conversation(self.conversation_id)).last_seq
+        except NotFoundError:
+            return 0
 
     async def _completed_after(self, last: MessageEvent) -> bool:
         """Whether a run completion follows the run's last message already: an append the
