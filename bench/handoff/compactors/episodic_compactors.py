@@ -57,19 +57,19 @@ class EpisodicWorker(Compactor):
         )
         # The same total as every compactor (the handoff budget and the verbatim budget,
         # 320 tokens), split four ways: the model's notes, the user's standing instructions,
-        # the record of the tools' work, and the newest user messages (260 tokens: the fixed
-        # texts, the prefix and the recall line, take the rest). The record had 9/16 of the
-        # handoff budget until the run of 5c60748: at depth 8 it filled it in both coding
-        # sessions with a side task's `ls` (rank 2 of its section), and the context came out
-        # one token larger than LangChain's on average; at 8/16 every probe's fact stays. The model is shown the head
-        # of each tool result (the record reads all of it): with the 1.5B model, the first
-        # compactions of 8 sessions lost 11 of the notes' facts with results shown whole, 7
-        # to 10 with heads of 1 to 250 characters, 12 with 400.
+        # the record of the tools' work, and the newest user messages (262 tokens: the fixed
+        # texts, the prefix and the recall line, take the rest). The notes had 8/16 of the
+        # handoff budget until the run of 5c60748, where by depth 8 they filled it with a
+        # FACT line no probe needed and the context came out a token above LangChain's on
+        # average; the record keeps 9/16 (at 8/16 it left out a support session's account id).
+        # The model is shown the head of each tool result (the record reads all of it): with
+        # the 1.5B model, the first compactions of 8 sessions lost 11 of the notes' facts
+        # with results shown whole, 7 to 10 with heads of 1 to 250 characters, 12 with 400.
         handoff, keep = self.budget.handoff_tokens, self.budget.keep_tokens
         config = CompactionConfig().with_limits(
-            notes_token_budget=handoff * 8 // 16,
+            notes_token_budget=handoff * 9 // 20,
             instructions_token_budget=keep * 8 // 16,
-            worklog_token_budget=handoff * 8 // 16,
+            worklog_token_budget=handoff * 9 // 16,
             recent_user_token_budget=keep // 8,
             tool_result_char_cap=TOOL_RESULT_HEAD_CHARS,
         )
