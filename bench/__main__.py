@@ -6,7 +6,8 @@ Each part gets a throwaway database ``episodic_bench_<random>``, created and alw
 worker's go to its "## Worker" section, which ``--only worker`` alone rewrites; ``--only
 core`` rewrites the part above the first "## " heading and keeps the rest. ``--citus`` runs
 only the Citus comparison (``bench/citus.py``) and rewrites only its "## Citus" section;
-``--http`` only the HTTP API against the direct API (``bench/http.py``), its "## HTTP" section.
+``--http`` only the HTTP API against the direct API and a minimal server, one call at a time
+and under load with wrk (``bench/http.py``), its "## HTTP" section.
 """
 
 from __future__ import annotations

@@ -1,18 +1,28 @@
-"""``python -m bench --http``: the HTTP API (``episodic serve``) beside the direct API, in one run.
+"""``python -m bench --http``: the HTTP API (``episodic serve``) beside the direct API and
+beside a minimal server on the same stack, in one run; then the two servers under load.
 
 One throwaway database, created and always dropped (also on Ctrl-C or SIGTERM): migrated, an
-API key made for one tenant, a few conversations written through the library. Then the real
-server, as a person runs it: ``episodic serve --port <free>`` in a subprocess (uvicorn, one
-worker, the default settings) with ``EPISODIC_DATABASE_URL`` pointing at that database,
-always stopped with SIGTERM. The bench process measures the same calls both ways, one at a
-time: over HTTP with one keep-alive ``httpx.AsyncClient`` connection, and directly with
-``EpisodicStore.open(url).for_tenant(...)`` on the same database (as the server scopes each
-request to its key's tenant). Single-message appends and ``load_context`` (a 200-message
-conversation in two formats, and one behind a boundary), in alternating rounds after a
-warm-up; also ``GET /healthz`` (the HTTP and framework floor: no key, no database) and
-``KeyStore.verify`` alone (the database read every ``/v1`` request makes for its key). The
-server's access log gives each request's time inside the app. The results go to the
-"## HTTP" section of bench/RESULTS.md, the only part of the file this rewrites.
+API key made for one tenant, a few conversations written through the library, and the same
+200 messages written to the minimal server's one table. Then the real server, as a person
+runs it: ``episodic serve --port <free>`` in a subprocess (uvicorn, one worker, the default
+settings) with ``EPISODIC_DATABASE_URL`` pointing at that database, and beside it the limit
+to measure against: ``python -m bench.minimal_server`` (``bench/minimal_server.py``: Starlette
+on the same uvicorn, loop and parser, one raw asyncpg INSERT per append, one SELECT of 200
+rows per load), both always stopped with SIGTERM (``bench/http_servers.py``).
+
+First one call at a time (this module): the same calls over HTTP with one keep-alive
+``httpx.AsyncClient`` connection, directly with ``EpisodicStore.open(url).for_tenant(...)``
+on the same database (as the server scopes each request to its key's tenant), and to the
+minimal server. Single-message appends and ``load_context`` (a 200-message conversation in
+two formats, and one behind a boundary), in rotating rounds after a warm-up; also ``GET
+/healthz`` (the HTTP and framework floor: no key, no database) and ``KeyStore.verify``
+alone (the database read every ``/v1`` request makes for its key). The server's access log
+gives each request's time inside the app.
+
+Then under load (``bench/http_load.py``): wrk appends and loads from 8, 32 and 128
+connections against both servers at one and two processes, and after every append run the
+log is checked for lost and doubled appends. The results go to the "## HTTP" section of
+bench/RESULTS.md (or ``--output``), the only part of the file this rewrites.
 """
 
 from __future__ import annotations
@@ -23,32 +33,30 @@ import importlib.util
 import json
 import math
 import os
-import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import textwrap
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
-from uuid import UUID
+from typing import Any
+from uuid import UUID, uuid4
 
 import asyncpg
 import httpx
+import orjson
 
-from bench import db
+from bench import db, http_load, minimal_server
+from bench.http_load_report import findings, load_section, load_table, ratio_table
+from bench.http_servers import ServerFailed, serving, serving_minimal
 from bench.provenance import episodic_source, run_facts
 from bench.report import with_section
 from bench.run import log
 from bench.stats import ratio, split
 from bench.workload import TEXTS, History, text
-from episodic import BoundaryRequest, EpisodicStore, Message
+from episodic import BoundaryRequest, Context, EpisodicStore, Message
 from episodic.server.keys import KeyStore
 from episodic.settings import EpisodicSettings
 
@@ -62,8 +70,6 @@ WARMUP = 50
 #: --quick divides the call counts by this
 QUICK = 10
 SUMMARY = "Handoff: " + " ".join(text(i) for i in range(5))
-START_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 30.0
 REQUEST_ID = "X-Request-ID"
 #: what KeyStore.verify selects, as one raw statement
 KEY_ROW = "SELECT * FROM episodic_api_keys WHERE key_id = $1"
@@ -74,8 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--http",
         action="store_true",
-        help="run only the HTTP-vs-direct comparison and rewrite only the '## HTTP' section "
-        "(--quick: a tenth of the calls)",
+        help="run only the HTTP benchmark (sequential, then under load with wrk) and rewrite "
+        "only the '## HTTP' section (--quick: a tenth of the calls, 2 s load runs)",
     )
     g.add_argument(
         "--http-appends",
@@ -95,6 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=2_000,
         help="GET /healthz round trips, and KeyStore.verify calls (default: %(default)s)",
     )
+    http_load.add_arguments(g)
 
 
 def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -108,6 +115,7 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         args.http_probes = max(1, args.http_probes // QUICK)
     if min(args.http_appends, args.http_loads, args.http_probes) < ROUNDS:
         p.error(f"--http-appends, --http-loads and --http-probes must be at least {ROUNDS}")
+    http_load.check_arguments(p, args)
 
 
 # ---- the database and the server --------------------------------------------------------
@@ -123,6 +131,8 @@ class Setup:
     plain: UUID
     #: HISTORY messages behind a boundary (which covers HISTORY more before them)
     bounded: UUID
+    #: the minimal server's copy of ``plain``'s messages
+    minimal_plain: UUID
 
 
 def _settings() -> EpisodicSettings:
@@ -143,7 +153,8 @@ async def prepare(url: str) -> Setup:
         await store.migrate()
         key, secret = await keys.create(TENANT, label="bench --http")
         tenant = store.for_tenant(TENANT)
-        append_to = {side: await tenant.create_conversation() for side in SIDES}
+        append_to = {side: await tenant.create_conversation() for side in ("direct", "HTTP")}
+        append_to["minimal"] = uuid4()
         history = History("http")
         plain = await tenant.create_conversation()
         await tenant.append(plain, history.take(HISTORY))
@@ -160,128 +171,32 @@ async def prepare(url: str) -> Setup:
                 expected_boundary_seq=None,
             ),
         )
-        return Setup(secret, key.key_id, append_to, plain, bounded)
+        minimal_plain = await copy_to_minimal(url, await tenant.load_context(plain))
+        return Setup(secret, key.key_id, append_to, plain, bounded, minimal_plain)
     finally:
         await keys.close()
         await store.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def _episodic_command() -> list[str]:
-    """The ``episodic`` console script of this interpreter's environment (else on PATH, else
-    its entry point run by this interpreter)."""
-    beside = Path(sys.executable).with_name("episodic")
-    if beside.exists():
-        return [str(beside)]
-    found = shutil.which("episodic")
-    if found:
-        return [found]
-    return [sys.executable, "-c", "from episodic.cli import main; main()"]
-
-
-@dataclass
-class Server:
-    base: str
-    command: str
-    output: IO[str]
-    #: its whole output, once it has stopped
-    lines: list[str] = field(default_factory=list)
-
-    def log_lines(self) -> list[str]:
-        if self.output.closed:
-            return self.lines
-        self.output.flush()
-        self.output.seek(0)
-        return self.output.read().splitlines()
-
-
-@contextmanager
-def serving(url: str) -> Iterator[Server]:
-    """``episodic serve --port <free>`` on ``url`` until the block ends, then SIGTERM (and
-    SIGKILL if it has not exited in STOP_TIMEOUT_S), whatever happens; its output (the
-    access log) kept in a temporary file."""
-    port = _free_port()
-    argv = [*_episodic_command(), "serve", "--port", str(port)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EPISODIC_")}
-    env["EPISODIC_DATABASE_URL"] = url
-    with (
-        tempfile.TemporaryDirectory(prefix="episodic-bench-http-") as cwd,
-        tempfile.TemporaryFile("w+", encoding="utf-8") as output,
-    ):
-        # Its own session: a Ctrl-C reaches the bench alone, which then stops the server.
-        process = subprocess.Popen(
-            argv,
-            cwd=cwd,  # no .env of the caller's
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        server = Server(f"http://127.0.0.1:{port}", f"episodic serve --port {port}", output)
-        try:
-            log(f"started `{server.command}` (pid {process.pid})")
-            _wait_ready(process, server)
-            yield server
-        finally:
-            _stop(process, server)
-            server.lines = server.log_lines()
-
-
-def _wait_ready(process: subprocess.Popen[bytes], server: Server) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        if process.poll() is not None:
-            raise ServerFailed(f"the server exited with {process.returncode}", server)
-        try:
-            if httpx.get(f"{server.base}/healthz", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise ServerFailed(f"the server did not answer in {START_TIMEOUT_S:g} s", server)
-        time.sleep(0.05)
-
-
-def _stop(process: subprocess.Popen[bytes], server: Server) -> None:
-    """SIGTERM, wait, SIGKILL if need be; Ctrl-C and SIGTERM ignored meanwhile."""
-    previous = (
-        signal.signal(signal.SIGINT, signal.SIG_IGN),
-        signal.signal(signal.SIGTERM, signal.SIG_IGN),
-    )
+async def copy_to_minimal(url: str, context: Context) -> UUID:
+    """The minimal server's table, and a conversation in it holding ``context``'s messages as
+    the JSON an append sends."""
+    conversation = uuid4()
+    conn = await asyncpg.connect(url)
     try:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                print(
-                    f"bench: the server did not stop in {STOP_TIMEOUT_S:g} s: SIGKILL",
-                    file=sys.stderr,
-                )
-                process.kill()
-                process.wait()
-        log(f"stopped the server (exit status {process.returncode})")
+        await conn.execute(minimal_server.CREATE)
+        for message in context.messages:
+            payload = orjson.dumps(message.model_dump(mode="json", exclude_none=True)).decode()
+            await conn.fetchval(minimal_server.INSERT, conversation, payload, None)
     finally:
-        signal.signal(signal.SIGINT, previous[0])
-        signal.signal(signal.SIGTERM, previous[1])
-
-
-class ServerFailed(Exception):
-    def __init__(self, message: str, server: Server) -> None:
-        tail = "\n".join(server.log_lines()[-30:])
-        super().__init__(f"{message}; its last output:\n{tail}")
+        await conn.close()
+    return conversation
 
 
 # ---- the measurements -------------------------------------------------------------------
 
-SIDES = ("direct", "HTTP")
+#: the library in the bench process, episodic over HTTP, the minimal server over HTTP
+SIDES = ("direct", "HTTP", "minimal")
 Call = Callable[[int], Awaitable[object]]
 
 
@@ -319,10 +234,12 @@ def workloads(
     keys: KeyStore,
     raw: asyncpg.Connection,
     client: httpx.AsyncClient,
+    minimal: httpx.AsyncClient,
 ) -> list[Workload]:
     messages = [Message.user(t) for t in TEXTS]
     bodies = [{"messages": [m.model_dump(mode="json", exclude_none=True)]} for m in messages]
     direct_to, http_to = setup.append_to["direct"], setup.append_to["HTTP"]
+    minimal_to = setup.append_to["minimal"]
     plain, bounded = setup.plain, setup.bounded
     parse: dict[str, list[float]] = {
         k: [] for k in ("healthz", "append", "load", "openai", "bounded")
@@ -330,6 +247,9 @@ def workloads(
 
     async def healthz(i: int) -> object:
         return _json(await client.get("/healthz"), 200, parse["healthz"])
+
+    async def healthz_minimal(i: int) -> object:
+        return _json(await minimal.get("/healthz"), 200)
 
     async def verify(i: int) -> object:
         return await keys.verify(setup.secret)
@@ -343,6 +263,13 @@ def workloads(
     async def append_http(i: int) -> object:
         path = f"/v1/conversations/{http_to}/messages"
         return _json(await client.post(path, json=bodies[i % len(bodies)]), 201, parse["append"])
+
+    async def append_minimal(i: int) -> object:
+        path = f"/v1/conversations/{minimal_to}/messages"
+        return _json(await minimal.post(path, json=bodies[i % len(bodies)]), 201)
+
+    async def load_minimal(i: int) -> object:
+        return _json(await minimal.get(f"/v1/conversations/{setup.minimal_plain}/context"), 200)
 
     def load_direct(conv: UUID, openai: bool) -> Call:
         async def call(i: int) -> object:
@@ -367,7 +294,7 @@ def workloads(
             "healthz",
             "GET /healthz (no key, no database: the HTTP + framework floor)",
             args.http_probes,
-            {"HTTP": healthz},
+            {"HTTP": healthz, "minimal": healthz_minimal},
             parse=parse["healthz"],
         ),
         Workload(
@@ -386,7 +313,7 @@ def workloads(
             "append",
             "append 1 message: POST /v1/conversations/{id}/messages vs store.append",
             args.http_appends,
-            {"direct": append_direct, "HTTP": append_http},
+            {"direct": append_direct, "HTTP": append_http, "minimal": append_minimal},
             parse=parse["append"],
         ),
         Workload(
@@ -396,6 +323,7 @@ def workloads(
             {
                 "direct": load_direct(plain, False),
                 "HTTP": load_http(plain, "episodic", parse["load"]),
+                "minimal": load_minimal,
             },
             parse=parse["load"],
         ),
@@ -422,8 +350,11 @@ def workloads(
     ]
 
 
-async def check_same(setup: Setup, store: EpisodicStore, client: httpx.AsyncClient) -> None:
-    """Both sides load the same context (message count, last seq, boundary)."""
+async def check_same(
+    setup: Setup, store: EpisodicStore, client: httpx.AsyncClient, minimal: httpx.AsyncClient
+) -> None:
+    """The sides load the same context (message count, last seq, boundary; the minimal
+    server the same messages)."""
     for conv in (setup.plain, setup.bounded):
         context = await store.load_context(conv)
         body = _json(await client.get(f"/v1/conversations/{conv}/context"), 200)
@@ -431,6 +362,10 @@ async def check_same(setup: Setup, store: EpisodicStore, client: httpx.AsyncClie
         want = (len(context.messages), context.last_seq, context.boundary_seq)
         if got != want:
             raise RuntimeError(f"HTTP and direct load_context differ on {conv}: {got} != {want}")
+    plain = await store.load_context(setup.plain)
+    listed = _json(await minimal.get(f"/v1/conversations/{setup.minimal_plain}/context"), 200)
+    if listed != [m.model_dump(mode="json", exclude_none=True) for m in plain.messages]:
+        raise RuntimeError("the minimal server's 200 messages are not episodic's")
 
 
 async def _block(call: Call, first: int, count: int, into: list[float]) -> None:
@@ -440,20 +375,28 @@ async def _block(call: Call, first: int, count: int, into: list[float]) -> None:
         into.append(time.perf_counter() - t0)
 
 
-async def measure(args: argparse.Namespace, url: str, base: str, setup: Setup) -> list[Workload]:
-    store = await EpisodicStore.open(url, settings=_settings())
-    keys = KeyStore.open(url)
-    raw = await asyncpg.connect(url)
-    client = httpx.AsyncClient(
+def _client(base: str, secret: str) -> httpx.AsyncClient:
+    """One keep-alive connection, the key in every request."""
+    return httpx.AsyncClient(
         base_url=base,
-        headers={"Authorization": f"Bearer {setup.secret}"},
+        headers={"Authorization": f"Bearer {secret}"},
         limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
         timeout=60.0,
     )
+
+
+async def measure(
+    args: argparse.Namespace, url: str, base: str, minimal_base: str, setup: Setup
+) -> list[Workload]:
+    store = await EpisodicStore.open(url, settings=_settings())
+    keys = KeyStore.open(url)
+    raw = await asyncpg.connect(url)
+    client = _client(base, setup.secret)
+    minimal = _client(minimal_base, setup.secret)
     try:
         tenant = store.for_tenant(TENANT)
-        await check_same(setup, tenant, client)
-        works = workloads(args, setup, tenant, keys, raw, client)
+        await check_same(setup, tenant, client, minimal)
+        works = workloads(args, setup, tenant, keys, raw, client, minimal)
         log(f"warming up: {WARMUP} calls per side and workload")
         client.headers[REQUEST_ID] = "bench-warmup"
         for work in works:
@@ -470,8 +413,9 @@ async def measure(args: argparse.Namespace, url: str, base: str, setup: Setup) -
         for r in range(ROUNDS):
             for work in works:
                 count = split(work.calls, ROUNDS)[r]
-                # Alternate which side goes first, so neither always follows the other.
-                order = list(work.sides) if r % 2 == 0 else list(reversed(work.sides))
+                # Rotate which side goes first, so none always follows another.
+                sides = list(work.sides)
+                order = sides[r % len(sides) :] + sides[: r % len(sides)]
                 for side in order:
                     client.headers[REQUEST_ID] = f"bench-{work.key}"
                     first = WARMUP + done[work.key]
@@ -479,6 +423,7 @@ async def measure(args: argparse.Namespace, url: str, base: str, setup: Setup) -
                 done[work.key] += count
         return works
     finally:
+        await minimal.aclose()
         await client.aclose()
         await raw.close()
         await keys.close()
@@ -532,12 +477,26 @@ class Result:
     postgres: str
     log_lines: int
     stack: str
+    minimal: str
+    load: http_load.LoadResult
 
 
 def main(args: argparse.Namespace, command: str) -> int:
-    """The whole ``--http`` run: the database created, the server started, both sides
-    measured, the server stopped and the database dropped whatever happens; the section
-    written to ``args.output``. The exit status."""
+    """The whole ``--http`` run: the database created, the servers started, the sides
+    measured one call at a time, then under load, the servers stopped and the database
+    dropped whatever happens; the section written to ``args.output``. The exit status (1
+    when a load run lost or doubled an append)."""
+    skip_load = args.http_skip_load
+    if not skip_load and http_load.find_wrk() is None:
+        if not args.http_skip_load_if_no_wrk:
+            print(
+                "bench: the load runs need wrk, which is not on PATH (Debian: apt-get install "
+                "-y wrk); --http-skip-load-if-no-wrk runs the rest without them, "
+                "--http-skip-load never runs them",
+                file=sys.stderr,
+            )
+            return 2
+        print("bench: wrk is not on PATH: the load runs are skipped", file=sys.stderr)
     name = db.new_database_name()
     started = time.perf_counter()
     try:
@@ -546,18 +505,26 @@ def main(args: argparse.Namespace, command: str) -> int:
             print(f"bench: database {name}", file=sys.stderr)
             url = db.database_url(args.url, name)
             setup = asyncio.run(prepare(url))
-            with serving(url) as server:
-                works = asyncio.run(measure(args, url, server.base, setup))
+            with serving(url) as server, serving_minimal(url, setup.secret) as minimal:
+                works = asyncio.run(measure(args, url, server.base, minimal.base, setup))
                 postgres = asyncio.run(db.server_version(url))
             lines = server.log_lines()
             read_access_log(lines, works)
-            result = Result(works, server.command, postgres, len(lines), http_stack())
+            if skip_load:
+                load = http_load.LoadResult(skipped=["--http-skip-load was given"])
+            else:
+                load = http_load.measure_load(
+                    args, url, setup.secret, setup.plain, setup.minimal_plain
+                )
+            result = Result(
+                works, server.command, postgres, len(lines), http_stack(), minimal.command, load
+            )
         finally:
             dropped = _drop(args.url, name)
     except KeyboardInterrupt:
         print("bench: interrupted", file=sys.stderr)
         return 130
-    except ServerFailed as exc:
+    except (ServerFailed, http_load.LoadUnavailable) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
     if not dropped:
@@ -570,10 +537,17 @@ def main(args: argparse.Namespace, command: str) -> int:
         "runtime": f"{time.perf_counter() - started:.0f} s",
     }
     print(table(result))
+    if result.load.runs:
+        print("\n" + ratio_table(result.load) + "\n\n" + load_table(result.load))
+        print("\n".join(["", *findings(result.load)]))
     output: Path = args.output
     previous = output.read_text() if output.exists() else ""
     output.write_text(with_section(previous, "HTTP", section(result, meta)))
     print(f"\nwritten to {output}", file=sys.stderr)
+    broken = [r for r in result.load.runs if r.lost or r.doubled]
+    if broken:
+        print(f"bench: {len(broken)} load run(s) lost or doubled appends", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -628,18 +602,23 @@ def _by_key(result: Result) -> dict[str, Workload]:
 def table(result: Result) -> str:
     lines = [
         "| call | direct median µs | direct p95 µs | direct calls/s | HTTP median µs "
-        "| HTTP p95 µs | HTTP calls/s | overhead per call, µs (HTTP − direct, medians) "
+        "| HTTP p95 µs | HTTP calls/s | minimal median µs | minimal p95 µs | minimal calls/s "
+        "| episodic / minimal (throughput) | overhead per call, µs (HTTP − direct, medians) "
         "| HTTP / direct (medians) | in the app, median µs (access log) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for w in result.works:
         d, h = w.samples.get("direct", []), w.samples.get("HTTP", [])
-        dm, hm = _median(d), _median(h)
+        m = w.samples.get("minimal", [])
+        dm, hm, mm = _median(d), _median(h), _median(m)
         overhead = hm - dm if d and h else math.nan
+        versus = ratio(_per_second(h), _per_second(m)) if h and m else math.nan
         lines.append(
             f"| {w.label} | {_us(dm)} | {_us(_p95(d))} | {_n(_per_second(d))} "
-            f"| {_us(hm)} | {_us(_p95(h))} | {_n(_per_second(h))} | {_us(overhead)} "
-            f"| {_n(ratio(hm, dm) if d and h else math.nan, 2)} | {_us(_median(w.server))} |"
+            f"| {_us(hm)} | {_us(_p95(h))} | {_n(_per_second(h))} "
+            f"| {_us(mm)} | {_us(_p95(m))} | {_n(_per_second(m))} | {_n(versus, 2)} "
+            f"| {_us(overhead)} | {_n(ratio(hm, dm) if d and h else math.nan, 2)} "
+            f"| {_us(_median(w.server))} |"
         )
     return "\n".join(lines)
 
@@ -651,7 +630,6 @@ def breakdown(result: Result) -> list[str]:
     read against one raw round trip."""
     works = _by_key(result)
     floor = _median(works["healthz"].samples.get("HTTP", []))
-    floor_app = _median(works["healthz"].server)
     verify = _median(works["verify"].samples.get("direct", []))
     select = _median(works["select"].samples.get("direct", []))
     out = [
@@ -661,7 +639,7 @@ def breakdown(result: Result) -> list[str]:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for w in result.works:
-        if set(w.sides) != set(SIDES):
+        if not {"direct", "HTTP"} <= set(w.sides):
             continue
         direct, http = _median(w.samples["direct"]), _median(w.samples["HTTP"])
         overhead, app, parse = http - direct, _median(w.server), _median(w.parse)
@@ -674,14 +652,12 @@ def breakdown(result: Result) -> list[str]:
     out += [
         "",
         textwrap.fill(
-            f"`GET /healthz` takes {_us(floor)} µs a round trip, {_us(floor_app)} µs of it in the "
-            "app (its one HTTP middleware, which observes the request for the metrics and the "
-            "access log line, and the route): the rest is uvicorn, the loopback connection and "
-            "httpx, which "
-            f"every call pays. `KeyStore.verify` takes {_us(verify)} µs a call: it checks a "
-            "SQLAlchemy connection out of its own pool and runs BEGIN (implicit), the SELECT "
-            f"and ROLLBACK; the same row by raw asyncpg, one prepared SELECT, takes {_us(select)} "
-            "µs.",
+            f"`GET /healthz` takes {_us(floor)} µs a round trip: it is answered ahead of the "
+            "app's middlewares (neither logged nor counted), so it is the floor of uvicorn, "
+            "the loopback connection and httpx, which every call pays. `KeyStore.verify` takes "
+            f"{_us(verify)} µs a call: one prepared SELECT on the key store's own asyncpg "
+            "connections, checked out of their pool; the same row by raw asyncpg on a "
+            f"connection held throughout takes {_us(select)} µs.",
             92,
             break_on_hyphens=False,
         ),
@@ -706,35 +682,51 @@ def section(result: Result, meta: dict[str, str]) -> str:
         f"summary, 2 retained user messages and {HISTORY} messages). The client is one "
         "`httpx.AsyncClient` with one keep-alive connection, calling back to back with the "
         "key in `Authorization: Bearer`, sending the append's JSON body and parsing every "
-        "response's JSON: the HTTP side includes httpx's own cost. The direct side is "
+        "response's JSON: the HTTP side includes httpx's own cost. The minimal side is "
+        f"`{result.minimal}` (`bench/minimal_server.py`, started beside the server and "
+        "called the same way, with its own client): Starlette on the same uvicorn, loop and "
+        "parser, a raw asyncpg pool of at most 10 connections, no key read (the bearer token "
+        "compared in memory), no access log; an append is one INSERT of the message's JSON "
+        "with the next per-conversation seq computed in the statement, a load one SELECT of "
+        f"the last {HISTORY} rows of a copy of the {HISTORY}-message conversation, answered "
+        "as a JSON list of those messages (checked equal to episodic's) without decoding "
+        "them. *episodic / minimal (throughput)* is episodic's HTTP calls/s over the minimal "
+        "server's: the share of the limit on this stack that episodic reaches (1 is the "
+        "limit). The direct side is "
         "`EpisodicStore.open(url).for_tenant(tenant)` in the bench process (the same scoping "
         "the server gives each request), with the same messages; its openai load includes "
         f"`to_openai()`. After {WARMUP} untimed calls per side and workload, the calls "
-        f"({counts} per side) alternate between the "
-        f"sides in {ROUNDS} rounds, which side goes first alternating. *calls/s* is 1 / the "
+        f"({counts} per side) rotate between the "
+        f"sides in {ROUNDS} rounds, which side goes first rotating. *calls/s* is 1 / the "
         "mean latency; p95 is the 95th percentile. *in the app* is the server's access log's "
         "`ms` for the measured requests (to 10 µs): from its outermost HTTP middleware in, so "
         "without uvicorn's parsing and the connection; the client's time minus it is uvicorn, "
         "the loopback connection and httpx."
     )
-    if not works["healthz"].server:
+    if not any(w.server for w in result.works):
         notes += " (The access log gave no times in this run: that column is empty.)"
     return "\n".join(
         [
             "## HTTP",
             "",
-            "The HTTP API (`episodic serve`) beside the direct API on the same database, in one",
-            "run (`bench/http.py`, run by `python -m bench --http`, not in CI): the overhead",
-            "HTTP adds to each call.",
+            "The HTTP API (`episodic serve`) beside the direct API and beside a minimal server",
+            "on the same stack (the limit), on the same database, in one run (`bench/http.py`,",
+            "run by `python -m bench --http`, not in CI): the overhead HTTP adds to each call,",
+            "how close episodic comes to the minimal server one call at a time, and both",
+            "servers under load from wrk, with the log checked for lost and doubled appends.",
             "",
-            "**Machine note:** the server, the benchmark client and PostgreSQL share the same",
-            "2 cores, and the HTTP side includes the client's own httpx cost (see the",
-            "`GET /healthz` row for the HTTP + framework floor); the sides alternate in rounds,",
-            "so noise hits both, but read the overheads and ratios rather than absolute times.",
+            "**Machine note:** the servers, the benchmark client (or wrk) and PostgreSQL share",
+            "the same 2 cores, and the HTTP sides include the client's own httpx cost (see the",
+            "`GET /healthz` row for the HTTP + framework floor); the sides rotate in rounds and",
+            "the servers' load runs of a cell follow each other, so noise hits all of them, but",
+            "read the overheads and ratios rather than absolute times.",
             "",
             *run_facts(meta),
             f"- server: `{result.server}`, one worker: {result.stack}; {result.log_lines:,} "
             "lines of log",
+            f"- minimal server: `{result.minimal}`, the same uvicorn, loop and parser",
+            "",
+            "### One call at a time",
             "",
             table(result),
             "",
@@ -745,6 +737,7 @@ def section(result: Result, meta: dict[str, str]) -> str:
             "",
             textwrap.fill(notes, 92, break_on_hyphens=False),
             "",
+            *load_section(result.load),
         ]
     )
 

@@ -49,7 +49,7 @@ from episodic.errors import (
     ImportFormatError,
     NotFoundError,
 )
-from episodic.settings import EpisodicSettings, load_settings
+from episodic.settings import EpisodicSettings, environment_of, load_settings
 from episodic.store import EpisodicStore
 from episodic.store.checks import parse_conversation_id
 from episodic.store.erasure import check_reason
@@ -78,6 +78,7 @@ OPTION_OF_SETTING = {
     "metrics_port": "--metrics-port",
     "server_host": "--host",
     "server_port": "--port",
+    "server_workers": "--workers",
 }
 
 
@@ -708,52 +709,70 @@ def serve(
     database_url: DatabaseUrlOption = None,
     host: Annotated[str | None, setting_option("server_host", "The address to bind.")] = None,
     port: Annotated[int | None, setting_option("server_port", "The TCP port to listen on.")] = None,
+    workers: Annotated[
+        int | None,
+        setting_option(
+            "server_workers",
+            "Processes serving the port, each with its own connection pool.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the store over HTTP (needs the server extra).
 
     /v1 for API-key holders (keys from `episodic keys create`), /docs and /openapi.json.
-    Stops gracefully on SIGTERM. Install the server extra with:
+    Each process works on at most EPISODIC_SERVER_MAX_INFLIGHT /v1 requests at once (4 per
+    pooled connection by default); more wait up to EPISODIC_SERVER_QUEUE_TIMEOUT seconds
+    for a slot, then get 503 with Retry-After. Stops gracefully on SIGTERM, every worker.
+    Install the server extra with:
 
     \b
       pip install 'episodic-store[server]'
     """
     try:
         import uvicorn
+        from uvicorn.config import STARTUP_FAILURE
+        from uvicorn.supervisors import Multiprocess
 
-        from episodic.server import create_app
-        from episodic.server.keys import KeyStore
-        from episodic.server.operations import ManualCompaction
+        from episodic.server.serving import APP_FACTORY, LOG_CONFIG, ServedApp, fastest
     except ImportError as exc:
         raise _refused(
             f"episodic serve needs the server extra: pip install 'episodic-store[server]' ({exc})"
         ) from exc
-    settings = _settings(database_url=database_url, server_host=host, server_port=port)
+    settings = _settings(
+        database_url=database_url, server_host=host, server_port=port, server_workers=workers
+    )
     _log_with_timestamps()
-
-    async def main() -> None:
-        store = await EpisodicStore.open(settings.database_url, settings=settings)
-        keys = KeyStore.open(settings.database_url)
-        app = create_app(
-            store,
-            keys,
-            max_body_bytes=settings.server_max_body_bytes,
-            compaction=ManualCompaction.from_settings(settings),
-            cors_origins=settings.cors_origins(),
-            close_on_shutdown=True,
-        )
-        config = uvicorn.Config(
-            app,
-            host=settings.server_host,
-            port=settings.server_port,
-            timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
-            log_config=None,
-            access_log=False,  # episodic.access logs each request, as JSON
-        )
-        await uvicorn.Server(config).serve()
-
+    # the database reachable and migrated, said once here rather than by each process
+    _run(lambda store: store.list_conversations(limit=1), settings)
+    several = settings.server_workers > 1
+    config = uvicorn.Config(
+        APP_FACTORY if several else ServedApp(settings),
+        factory=several,
+        workers=settings.server_workers,
+        host=settings.server_host,
+        port=settings.server_port,
+        loop=fastest("uvloop", "asyncio"),
+        http=fastest("httptools", "h11"),
+        timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
+        lifespan="on",  # the app is made at its startup: a failed one stops the process
+        log_config=LOG_CONFIG,
+        access_log=False,  # episodic.access logs each request, as JSON
+    )
+    if several:
+        # each worker reads its settings from the environment: the options' values too
+        os.environ.update(environment_of(settings))
+        # the supervisor SIGTERMs the workers on SIGTERM, waits for them, and returns
+        supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+        supervisor.run()
+        if any(process.exitcode == STARTUP_FAILURE for process in supervisor.processes):
+            raise _refused("a worker did not start (its log above says why)")
+        return
+    server = uvicorn.Server(config)
     # uvicorn raises the signal again once it has shut down: exit 0 after a SIGTERM
     signal.signal(signal.SIGTERM, lambda *_: None)
-    asyncio.run(main())
+    server.run()
+    if not server.started:
+        raise _refused("the server did not start (its log above says why)")
 
 
 keys_app = HelpTyper(help="API keys of `episodic serve`: each is a tenant's.")

@@ -273,6 +273,22 @@ class DatabaseUnavailableError(TransientDatabaseError):
         self.url = url
 
 
+class OverloadedError(EpisodicError):
+    """``episodic serve`` already had ``limit`` requests in flight (its
+    ``EPISODIC_SERVER_MAX_INFLIGHT``) and none ended within its queue timeout: the request
+    was refused before it began, so nothing was written. Retry after ``retry_after``
+    seconds; a client that keeps being refused needs a server with more workers or a larger
+    pool."""
+
+    def __init__(self, *, limit: int, retry_after: int) -> None:
+        super().__init__(
+            f"the server is at its limit of {limit} requests in flight; nothing was done: "
+            f"retry in {retry_after} s (the answer's Retry-After)"
+        )
+        self.limit = limit
+        self.retry_after = retry_after
+
+
 class ConfigurationError(EpisodicError):
     """The store or an optional component is not set up right: an unsupported database URL,
     a bad setting, a missing optional dependency."""
@@ -327,6 +343,7 @@ __all__ = [
     "NotPinnedError",
     "OperatorRequiredError",
     "OrphanToolResultError",
+    "OverloadedError",
     "SchemaNotMigratedError",
     "TenantDeniedError",
     "ToolPairingError",

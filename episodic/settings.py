@@ -19,6 +19,8 @@ from episodic.rendering import DEFAULT_TOOL_RESULT_CHAR_CAP
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///episodic.db"
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 ENV_PREFIX = "EPISODIC_"
+#: `episodic serve`'s default in-flight limit per pooled connection (see max_inflight)
+MAX_INFLIGHT_PER_CONNECTION = 4
 #: Prefixes of variables that are not settings: the test suite's and the benchmarks' own.
 RESERVED_PREFIXES = ("EPISODIC_TEST_", "EPISODIC_BENCH_")
 
@@ -175,6 +177,27 @@ class EpisodicSettings(BaseSettings):
         ge=1024,
         description="`episodic serve`: larger request bodies are refused with 413.",
     )
+    server_workers: int = Field(
+        default=1,
+        ge=1,
+        le=512,
+        description="`episodic serve`: processes serving the one port, each with its own "
+        "connection pool (so up to this many times EPISODIC_POOL_MAX_SIZE connections).",
+    )
+    server_max_inflight: int | None = Field(
+        default=None,
+        ge=1,
+        description="`episodic serve`: /v1 requests one process works on at once; more wait "
+        "(see EPISODIC_SERVER_QUEUE_TIMEOUT) or are refused with 503 and Retry-After.  "
+        "[default: 4 x EPISODIC_POOL_MAX_SIZE]",
+    )
+    server_queue_timeout: float = Field(
+        default=0.1,
+        ge=0,
+        le=60,
+        description="`episodic serve`: seconds a /v1 request over the in-flight limit waits "
+        "for a slot before its 503 (0: refused at once).",
+    )
     server_cors_origins: str = Field(
         default="",
         description="`episodic serve`: the browser origins allowed to call the API "
@@ -189,6 +212,14 @@ class EpisodicSettings(BaseSettings):
         if isinstance(value, str) and value.strip().lower() == "off":
             return None
         return value
+
+    def max_inflight(self) -> int:
+        """``server_max_inflight``, or its default: four requests per pooled connection.
+        Admitted requests share one event loop, so each one's time grows with their number:
+        at about a millisecond of CPU per request, 40 (the default pool's) keep the pool
+        busy and cost at most some tens of milliseconds of waiting, where an unbounded
+        number would cost seconds."""
+        return self.server_max_inflight or MAX_INFLIGHT_PER_CONNECTION * self.pool_max_size
 
     def cors_origins(self) -> list[str]:
         """``server_cors_origins`` as a list (empty: CORS off)."""
@@ -246,6 +277,24 @@ def load_settings(
         raise ConfigurationError(f"invalid configuration: {problems}") from exc
 
 
+def environment_of(settings: EpisodicSettings) -> dict[str, str]:
+    """``settings`` as the ``EPISODIC_*`` variables that give them back (secrets in clear,
+    unset ones left out): how a process hands its resolved settings, command-line options
+    included, to the processes it starts."""
+    variables: dict[str, str] = {}
+    for name, value in settings:
+        if value is None:
+            if EpisodicSettings.model_fields[name].default is None:
+                continue
+            value = "off"  # a rule turned off (trigger_context_tokens): its one spelling
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        elif isinstance(value, bool):
+            value = "true" if value else "false"
+        variables[ENV_PREFIX + name.upper()] = str(value)
+    return variables
+
+
 def _problem(error: Any, given: dict[str, Any], flags: dict[str, str]) -> str:
     field = "_".join(str(part) for part in error["loc"])
     message = str(error["msg"]).removeprefix("Value error, ")
@@ -294,6 +343,7 @@ __all__ = [
     "DEFAULT_DATABASE_URL",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "EpisodicSettings",
+    "environment_of",
     "known_variables",
     "load_settings",
     "warn_unknown_variables",

@@ -10,6 +10,7 @@ append takes its messages in any format a context is served in (:mod:`.inbound`)
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations, some of
 # them local to the function that makes the routes.
+import functools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -22,18 +23,26 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from episodic import errors
 from episodic.search import MAX_QUERY_LENGTH, MAX_SEARCH_LIMIT, QUERY_PATTERN
-from episodic.server.access_log import REQUEST_ID, observe_requests, request_id_of
+from episodic.server.access_log import REQUEST_ID, ObservedRequests, request_id_of
+from episodic.server.admission import Admission
 from episodic.server.auth import JsonBody, KeyOf, key_dependency
+from episodic.server.encoding import context_answer, json_answer
 from episodic.server.inbound import AppendFormat, document_requests, read_append
 from episodic.server.inspector import inspector_routes
 from episodic.server.keys import ApiKey, KeyStore
 from episodic.server.limits import MAX_PAGE, BodyLimit
 from episodic.server.links import add_links
 from episodic.server.metrics import instrument
-from episodic.server.operations import ManualCompaction, health_routes, operator_routes
+from episodic.server.operations import (
+    LivenessProbe,
+    ManualCompaction,
+    health_routes,
+    operator_routes,
+)
 from episodic.server.problems import (
     PROBLEM_MEDIA_TYPE,
     Problem,
@@ -57,6 +66,10 @@ from episodic.store import EpisodicStore
 logger = logging.getLogger("episodic.server.errors")
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 NDJSON = "application/x-ndjson"
+#: the status a request gets when its client hung up before sending all of it (nginx's)
+CLIENT_CLOSED_REQUEST = 499
+#: the tenants whose scoped stores are kept (the least recently served beyond them are remade)
+TENANT_STORES = 1_024
 Page = Annotated[int, Query(ge=1, le=MAX_PAGE, description="at most this many")]
 
 
@@ -161,12 +174,16 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     compaction: ManualCompaction | None = None,
     cors_origins: Sequence[str] = (),
+    max_inflight: int | None = None,
+    queue_timeout: float = 0.1,
     close_on_shutdown: bool = False,
 ) -> FastAPI:
     """The app serving ``store`` to the holders of ``keys``: each request is scoped to its
     key's tenant (``store.for_tenant``), so PostgreSQL's row-level security applies to it.
     ``compaction``: what "compact now" compacts with (None: that route answers 501);
     ``cors_origins``: browser origins allowed to call the API (none: CORS off);
+    ``max_inflight``: /v1 requests in the app at once, more waiting up to ``queue_timeout``
+    seconds for a slot, else refused with 503 (None: no limit; see :mod:`.admission`);
     ``close_on_shutdown``: close the store and the keys when the app shuts down."""
 
     @asynccontextmanager
@@ -186,7 +203,17 @@ def create_app(
         separate_input_output_schemas=False,
         generate_unique_id_function=lambda route: route.name,
     )
+    meters = instrument(app)
+    # added innermost first: the access log sees every answer (a refusal too), and CORS
+    # headers go on a refusal as on any answer
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    if max_inflight is not None:
+        app.add_middleware(
+            Admission,
+            limit=max_inflight,
+            queue_timeout=queue_timeout,
+            on_refused=meters.refused,
+        )
     if cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -196,7 +223,8 @@ def create_app(
                            "If-None-Match", REQUEST_ID],
             expose_headers=["ETag", "Location", "Retry-After", REQUEST_ID],
         )  # fmt: skip
-    observe_requests(app, instrument(app))
+    app.add_middleware(ObservedRequests, observe=meters.observe)
+    app.add_middleware(LivenessProbe)
     _handle_errors(app)
     key_of = key_dependency(keys)
     app.include_router(_routes(store, key_of))
@@ -220,6 +248,8 @@ def _handle_errors(app: FastAPI) -> None:
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
+        if isinstance(exc.__cause__, ClientDisconnect):
+            return await client_gone(request, exc.__cause__)
         if exc.status_code == 400 and exc.__cause__ is not None:
             # FastAPI could not read the body (not UTF-8, say): as invalid as malformed JSON
             return error_problem(
@@ -258,15 +288,30 @@ def _handle_errors(app: FastAPI) -> None:
         logger.error("request %s failed: %s: %s", request_id, type(exc).__name__, exc)
         return unexpected_problem(instance=request.url.path, request_id=request_id)
 
+    async def client_gone(request: Request, exc: Exception) -> Response:
+        # The client hung up before its body arrived (a timeout, a load generator stopping):
+        # nothing was read, so nothing was written, and no one reads this answer. Not a
+        # server error: 499, nginx's "client closed request", in the access log and the
+        # metrics, and no traceback.
+        logger.info("request %s: the client disconnected", request_id_of(request))
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
     app.add_exception_handler(Exception, unexpected)
+    app.add_exception_handler(ClientDisconnect, client_gone)
     app.add_exception_handler(errors.EpisodicError, episodic_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, invalid_request)
 
 
 def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
+    # A tenant's store is a facade on the root's pool: made once per tenant, not per request
+    # (making one prices a synthetic message, a tenth of a /v1 request's framework time).
+    @functools.lru_cache(maxsize=TENANT_STORES)
+    def scoped(tenant_id: str) -> EpisodicStore:
+        return root.for_tenant(tenant_id)
+
     async def tenant_store(key: Annotated[ApiKey, Depends(key_of)]) -> EpisodicStore:
-        return root.for_tenant(key.tenant_id)
+        return scoped(key.tenant_id)
 
     Store = Annotated[EpisodicStore, Depends(tenant_store)]
     router = APIRouter(prefix="/v1", tags=["conversations"])
@@ -327,7 +372,6 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
         store: Store,
         conversation_id: UUID,
         request: Request,
-        response: Response,
         idempotency_key: Annotated[
             str | None,
             Header(
@@ -348,7 +392,7 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
             ),
         ] = None,
         format: Annotated[AppendFormat | None, Query(include_in_schema=False)] = None,
-    ) -> Appended:
+    ) -> Response:
         """Append a batch of messages atomically, in the format the body's `format` names
         (`episodic`, the default, `openai`, `responses` or `anthropic`: what
         `GET .../context?format=` gives in each). `?format=` may name the format instead
@@ -363,8 +407,8 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
             usage=body.usage,
         )
         last = events[-1].seq
-        response.headers["ETag"] = etag(last)
-        return Appended(events=list(events), last_seq=last)
+        appended = Appended.model_construct(events=list(events), last_seq=last)
+        return json_answer(appended, status_code=201, headers={"ETag": etag(last)})
 
     @router.post(
         "/conversations/{conversation_id}/unpin",
@@ -423,33 +467,15 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
         store: Store,
         conversation_id: UUID,
         request: Request,
-        response: Response,
         format: ContextFormat = "episodic",
-    ) -> LoadedContext | Response:
+    ) -> Response:
         """What the next model call should see; 304 when ``If-None-Match`` names its ETag
         (the conversation's last seq: nothing appended or compacted since)."""
         context = await store.load_context(conversation_id)
         tag = etag(context.last_seq)
         if (unchanged := not_modified(request, tag)) is not None:
             return unchanged
-        rendered: list[Any]
-        if format == "openai":
-            rendered = context.to_openai()
-        elif format == "responses":
-            rendered = context.to_responses()
-        elif format == "anthropic":
-            rendered = context.to_anthropic()
-        else:
-            rendered = [m.model_dump(mode="json", exclude_none=True) for m in context.messages]
-        response.headers["ETag"] = tag
-        return LoadedContext(
-            conversation_id=context.conversation_id,
-            format=format,
-            messages=rendered,
-            estimated_tokens=context.estimated_tokens,
-            last_seq=context.last_seq,
-            boundary_seq=context.boundary_seq,
-        )
+        return context_answer(context, format, headers={"ETag": tag})
 
     @router.post(
         "/conversations/{conversation_id}/run-completed",

@@ -25,6 +25,11 @@ PUBLIC_DETAILS: tuple[tuple[type[errors.EpisodicError], str], ...] = (
         errors.SchemaNotMigratedError,
         "the database is not ready: its episodic schema is missing or out of date; retry later",
     ),
+    (
+        errors.OverloadedError,
+        "the server has as many requests in flight as it can serve; nothing was done; retry "
+        "after Retry-After seconds",
+    ),
     (errors.DatabaseUnavailableError, "the database cannot be reached; retry later"),
     (errors.LockTimeoutError, "the database is busy; nothing was written; retry later"),
     (

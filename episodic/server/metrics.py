@@ -4,6 +4,7 @@ their latency. Each app has its own registry (two apps in one process do not col
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
@@ -13,9 +14,18 @@ from prometheus_client.exposition import generate_latest
 Observe = Callable[[str, str, int, float], None]
 
 
-def instrument(app: FastAPI) -> Observe:
-    """Serve the figures at ``/metrics``; returns what counts and times one request (the
-    access log's middleware calls it: one middleware observes each request once)."""
+@dataclass(frozen=True, slots=True)
+class Meters:
+    """What the middlewares report to: ``observe`` each request (the access log's
+    middleware: one middleware observes each request once), ``refused`` each request the
+    in-flight limit turned away."""
+
+    observe: Observe
+    refused: Callable[[], None]
+
+
+def instrument(app: FastAPI) -> Meters:
+    """Serve the figures at ``/metrics``; returns what counts them."""
     registry = CollectorRegistry()
     requests = Counter(
         "episodic_http_requests",
@@ -29,6 +39,11 @@ def instrument(app: FastAPI) -> Observe:
         ("route", "method"),
         registry=registry,
     )
+    refusals = Counter(
+        "episodic_http_overloaded",
+        "Requests refused with 503 because the in-flight limit was reached",
+        registry=registry,
+    )
 
     def observe(route: str, method: str, status: int, elapsed: float) -> None:
         requests.labels(route, method, str(status)).inc()
@@ -38,4 +53,4 @@ def instrument(app: FastAPI) -> Observe:
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    return observe
+    return Meters(observe, refusals.inc)

@@ -35,6 +35,7 @@ STATUS_OF: tuple[tuple[type[errors.EpisodicError], int], ...] = (
     (errors.LeaseLostError, 409),
     (errors.IntegrityViolationError, 409),
     (errors.TransientDatabaseError, 503),
+    (errors.OverloadedError, 503),
     (errors.SchemaNotMigratedError, 503),
     (errors.CompactionUnavailableError, 501),
 )
@@ -125,6 +126,23 @@ def error_problem(
         code, detail, kind=type(error).__name__, instance=instance, headers=headers,
         **extensions,
     )  # fmt: skip
+
+
+def overloaded_problem(
+    error: errors.OverloadedError, *, instance: str, request_id: str | None
+) -> ProblemResponse:
+    """The 503 of a request refused for overload. Built here rather than by
+    :func:`error_problem`, which logs each withheld 5xx: under overload a warning per refusal
+    would add work at the worst moment, and the message holds nothing internal (the metrics
+    count the refusals)."""
+    return problem(
+        503,
+        str(error),
+        kind=type(error).__name__,
+        instance=instance,
+        headers={"Retry-After": str(error.retry_after)},
+        request_id=request_id,
+    )
 
 
 def unexpected_problem(*, instance: str, request_id: str) -> ProblemResponse:

@@ -7,7 +7,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,14 +36,15 @@ class Served:
 
 
 @contextmanager
-def serving(cwd: Path, env: dict[str, str]) -> Iterator[Served]:
-    """A running ``episodic serve``; on leaving, SIGTERM, then its exit code must be 0."""
+def serving(cwd: Path, env: dict[str, str], options: Sequence[str] = ()) -> Iterator[Served]:
+    """A running ``episodic serve`` (with ``options``); on leaving, SIGTERM, then its exit
+    code must be 0."""
     port = free_port()
     # a file, not a pipe: the server logs every request, more than a pipe holds unread
     log = cwd / "serve.log"
     with log.open("w", encoding="utf-8") as sink:
         process = subprocess.Popen(
-            [str(EPISODIC), "serve", "--port", str(port)],
+            [str(EPISODIC), "serve", "--port", str(port), *options],
             cwd=cwd,
             env=env,
             stdout=sink,
