@@ -23,8 +23,9 @@ from sqlalchemy import RowMapping, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from episodic.errors import ApiKeyNotFoundError, AuthenticationError, ValidationError
-from episodic.store.db_errors import connection_refused, translated_errors
+from episodic.store.db_errors import translated_errors
 from episodic.store.engine import parse_database_url
+from episodic.store.postgres.backend import connector
 from episodic.store.postgres.pool import Pool
 from episodic.store.schema import api_keys
 
@@ -71,20 +72,12 @@ class KeyStore:
         parsed = parse_database_url(url)
         if parsed.dialect != "postgresql" or parsed.asyncpg is None:
             return cls(create_async_engine(parsed.sqlalchemy))
-        dsn, masked = parsed.asyncpg, parsed.masked
-
-        async def connect() -> asyncpg.Connection:
-            try:
-                return await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT_SECONDS)
-            except Exception as exc:  # a refusal says what to fix (503 over HTTP)
-                refused = connection_refused(exc, masked)
-                if refused is None:
-                    raise
-                raise refused from exc
-
+        dsn = parsed.asyncpg
+        # a refused connection says what to fix (503 over HTTP), as the store's do
+        connect = connector(parsed.masked, CONNECT_TIMEOUT_SECONDS)
         return cls(
             create_async_engine(parsed.sqlalchemy, pool_size=1, max_overflow=2),
-            Pool(connect, min_size=0, max_size=LOOKUP_CONNECTIONS),
+            Pool(lambda: connect(dsn), min_size=0, max_size=LOOKUP_CONNECTIONS),
         )
 
     async def close(self) -> None:

@@ -134,8 +134,9 @@ async def _init_connection(connection: asyncpg.Connection) -> None:
         )
 
 
-def _connector(url: str, timeout: float) -> Callable[..., Awaitable[asyncpg.Connection]]:
-    """``asyncpg.connect`` for the pool and the listener, with a refused connection raised
+def connector(url: str, timeout: float) -> Callable[..., Awaitable[asyncpg.Connection]]:
+    """``asyncpg.connect`` for the pools and the listener (the key store's lookups too), with
+    a refused connection raised
     as the :class:`~episodic.errors.DatabaseUnavailableError` that says what to fix, however
     deep in a pool it was opened."""
 
@@ -221,7 +222,7 @@ class PostgresBackend:
         append_calls: int = 2,
         citus_shard_count: int = DEFAULT_SHARD_COUNT,
     ) -> PostgresBackend:
-        connect = _connector(url.masked, connect_timeout)
+        connect = connector(url.masked, connect_timeout)
         dsn = url.asyncpg
 
         async def pooled() -> asyncpg.Connection:
@@ -863,4 +864,4 @@ def trigger_document(trigger: EpisodicCompactionConfig) -> dict[str, Any]:
     return trigger.model_dump(mode="json")
 
 
-__all__ = ["PostgresBackend"]
+__all__ = ["PostgresBackend", "connector"]
