@@ -49,7 +49,9 @@ from bench.workload import TEXTS
 SCRIPT = Path(__file__).with_name("wrk") / "requests.lua"
 CONNECTIONS = (8, 32, 128)
 PROCESSES = (1, 2)
-WORKLOADS = ("append", "load")
+#: "head": GET the conversation (episodic's head, the minimal server's last seq), the
+#: lightest authenticated read: the floor of every /v1 route on each server
+WORKLOADS = ("append", "load", "head")
 SERVERS = ("episodic", "minimal")
 #: seconds per run (--http-load-seconds; --quick: QUICK_SECONDS)
 SECONDS = 10.0
@@ -171,6 +173,8 @@ class Side:
     base: str
     #: the 200-message conversation's context path
     load_path: str
+    #: the same conversation's own path (the "head" workload)
+    head_path: str
 
 
 @dataclass
@@ -398,7 +402,8 @@ async def load_run(
         conversations = await _conversations(side, secret, connections)
         paths = [f"/v1/conversations/{c}/messages" for c in conversations]
     else:
-        conversations, paths = [], [side.load_path]
+        conversations = []
+        paths = [side.load_path if workload == "load" else side.head_path]
     data = _data(workload, tag, min(threads, connections), f"Bearer {secret}", paths, TEXTS)
     stop = asyncio.Event()
     sampler = asyncio.create_task(_sample(conn, side.server, stop))
@@ -543,7 +548,8 @@ def measure_load(
 
 
 def _side(server: str, processes: int, running: Server, conversation: UUID) -> Side:
-    return Side(server, processes, running.base, f"/v1/conversations/{conversation}/context")
+    path = f"/v1/conversations/{conversation}"
+    return Side(server, processes, running.base, f"{path}/context", path)
 
 
 class LoadUnavailable(Exception):

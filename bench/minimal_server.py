@@ -13,6 +13,8 @@ episodic serves, so one client and one wrk script drive both:
   it answers 201 with the seq and the message.
 - ``GET /v1/conversations/{id}/context`` selects the conversation's last 200 rows and
   answers them as a JSON list of messages (the stored JSON text joined, never decoded).
+- ``GET /v1/conversations/{id}`` answers the conversation's last seq (one SELECT of one
+  value): the least an authenticated read of one row costs, beside episodic's head.
 - ``GET /healthz``: no database.
 
 A bearer token, when ``BENCH_MINIMAL_TOKEN`` is set, is compared in memory (no key read:
@@ -67,6 +69,7 @@ SELECT payload FROM (
     SELECT seq, payload FROM bench_minimal WHERE conversation_id = $1 ORDER BY seq DESC LIMIT $2
 ) AS tail ORDER BY seq
 """
+LAST_SEQ = "SELECT coalesce(max(seq), 0) FROM bench_minimal WHERE conversation_id = $1"
 JSON = "application/json"
 
 
@@ -120,6 +123,18 @@ async def context(request: Request) -> Response:
     return Response(body.encode(), media_type=JSON)
 
 
+async def head(request: Request) -> Response:
+    if not _authorized(request):
+        return _problem(401, "a valid bearer token is needed")
+    pool: asyncpg.Pool = request.app.state.pool
+    conversation = request.path_params["conversation_id"]
+    last = await pool.fetchval(LAST_SEQ, conversation)
+    return Response(
+        b'{"conversation_id":"%s","last_seq":%d}' % (str(conversation).encode(), last),
+        media_type=JSON,
+    )
+
+
 @asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
     pool = await asyncpg.create_pool(
@@ -140,6 +155,7 @@ app = Starlette(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/v1/conversations/{conversation_id:uuid}/messages", append, methods=["POST"]),
         Route("/v1/conversations/{conversation_id:uuid}/context", context, methods=["GET"]),
+        Route("/v1/conversations/{conversation_id:uuid}", head, methods=["GET"]),
     ],
     lifespan=lifespan,
 )

@@ -10,7 +10,7 @@ abandoned run can never make the next request fail with a 400.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 from uuid import UUID
 
 from pydantic import ConfigDict
@@ -26,7 +26,6 @@ from episodic.models import (
     Message,
     MessageEvent,
     StoredEvent,
-    ToolCall,
     construct_valid,
     plain_defaults,
 )
@@ -137,6 +136,34 @@ def boundary_messages(boundary: BoundaryEvent) -> list[Message]:
     return [first, *retained]
 
 
+class CallLike(Protocol):
+    """What pairing reads of a tool call."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+
+
+class Composable(Protocol):
+    """What composing a context reads of a message: a :class:`Message`, or a stored one
+    that has no model yet (``episodic.store.codec.StoredMessage``)."""
+
+    @property
+    def role(self) -> str: ...
+    @property
+    def tool_call_id(self) -> str | None: ...
+    @property
+    def tool_calls(self) -> Sequence[CallLike]: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def token_estimate(self) -> int | None: ...
+
+
+M = TypeVar("M", bound=Composable)
+
+
 def compose_context(
     conversation_id: UUID,
     *,
@@ -150,26 +177,9 @@ def compose_context(
     """Build the context from the latest boundary (or none) and the stored messages after its
     cut, in seq order (:func:`tail_messages` picks them from events). ``boundary_seq`` is the
     head's latest boundary when a clear took ``boundary`` out of view."""
-    messages: list[Message] = boundary_messages(boundary) if boundary is not None else []
-    # The boundary's stored estimate covers its handoff and retained messages together.
-    estimated = boundary.token_estimate if boundary is not None else 0
-    body, counted = tail, set[int]()
-    if boundary is not None and boundary.handoff_items is not None:
-        # A framework's items may hold a call whose result never came: pair them with the
-        # tail like any messages (their estimates are in the boundary's already).
-        body, counted, messages = [*messages, *tail], {id(m) for m in messages}, []
-    for message in _paired(body):
-        if id(message) in counted:
-            messages.append(message)
-            continue
-        if max_tool_result_tokens is not None and message.role == "tool":
-            message = _capped(message, max_tool_result_tokens, estimator)
-        tokens = message.token_estimate
-        if tokens is None:
-            tokens = context_token_estimate(message, estimator)
-            message = message.model_copy(update={"token_estimate": tokens})
-        estimated += tokens
-        messages.append(message)
+    messages, estimated = compose_messages(
+        boundary, tail, estimator, max_tool_result_tokens=max_tool_result_tokens
+    )
     # Every part is a valid, frozen model already: no need to validate them again.
     return construct_valid(
         Context,
@@ -186,17 +196,59 @@ def compose_context(
     )
 
 
+def compose_messages(
+    boundary: BoundaryEvent | None,
+    tail: Sequence[M],
+    estimator: TokenEstimator,
+    *,
+    max_tool_result_tokens: int | None = None,
+) -> tuple[list[M | Message], int]:
+    """:func:`compose_context`'s messages and their estimated tokens, from a tail of models
+    or of stored messages: the boundary's messages and any synthetic results are models.
+    Tool results are cut to ``max_tool_result_tokens`` only when they are models."""
+    messages: list[M | Message] = []
+    if boundary is not None:
+        messages.extend(boundary_messages(boundary))
+    # The boundary's stored estimate covers its handoff and retained messages together.
+    estimated = boundary.token_estimate if boundary is not None else 0
+    body: Sequence[M | Message] = tail
+    counted = set[int]()
+    if boundary is not None and boundary.handoff_items is not None:
+        # A framework's items may hold a call whose result never came: pair them with the
+        # tail like any messages (their estimates are in the boundary's already).
+        body, counted, messages = [*messages, *tail], {id(m) for m in messages}, []
+    for message in _paired(body):
+        if id(message) in counted:
+            messages.append(message)
+            continue
+        if (
+            max_tool_result_tokens is not None
+            and message.role == "tool"
+            and isinstance(message, Message)
+        ):
+            message = _capped(message, max_tool_result_tokens, estimator)
+        tokens = message.token_estimate
+        if tokens is None:
+            # a synthetic result, or a model never stored: a stored message has its estimate
+            assert isinstance(message, Message)
+            tokens = context_token_estimate(message, estimator)
+            message = message.model_copy(update={"token_estimate": tokens})
+        estimated += tokens
+        messages.append(message)
+    return messages, estimated
+
+
 def tail_messages(events: Sequence[StoredEvent]) -> list[Message]:
     """The messages in view among ``events``, in order."""
     return [event.message for event in in_view(events) if isinstance(event, MessageEvent)]
 
 
-def _paired(tail: Sequence[Message]) -> list[Message]:
+def _paired(tail: Sequence[M]) -> list[M | Message]:
     """Tail messages in order, each call group followed by all its results. One pass: each
     call gets a slot right after its group, filled by the result that answers that call
     occurrence (ids may be reused once answered), or at the end by a synthetic error result."""
-    out: list[Message | None] = []
-    slots: list[tuple[int, ToolCall]] = []
+    out: list[M | Message | None] = []
+    slots: list[tuple[int, CallLike]] = []
     waiting: dict[str, int] = {}  # call id -> its slot in out
     for message in tail:
         role = message.role
@@ -218,10 +270,10 @@ def _paired(tail: Sequence[Message]) -> list[Message]:
     for slot, call in slots:
         if out[slot] is None:
             out[slot] = missing_result(call.id, call.name)
-    return cast("list[Message]", out)
+    return cast("list[M | Message]", out)
 
 
-def _is_empty(message: Message) -> bool:
+def _is_empty(message: Composable) -> bool:
     """No text: an assistant turn with no calls either (a reasoning-only or aborted turn) is
     kept by the log, but chat-completions refuses an assistant message with neither."""
     return not message.text.strip()
@@ -240,9 +292,11 @@ def _capped(message: Message, max_tokens: int, estimator: TokenEstimator) -> Mes
 
 __all__ = [
     "MISSING_RESULT_TEXT",
+    "Composable",
     "Context",
     "boundary_messages",
     "compose_context",
+    "compose_messages",
     "missing_result",
     "tail_messages",
 ]

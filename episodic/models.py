@@ -432,7 +432,7 @@ class Message(EpisodicModel):
             exclude={"seq", "created_at", "token_estimate"},
             warnings=False,
         )
-        for key in _LEFT_OUT_WHEN_EMPTY:
+        for key in LEFT_OUT_WHEN_EMPTY:
             if key in dumped and not dumped[key]:
                 del dumped[key]
         return dumped
@@ -501,7 +501,7 @@ class Message(EpisodicModel):
 
 #: Message fields a payload leaves out at their default. Empty content stays: without it a
 #: user message would read back as one with no content, which is not valid.
-_LEFT_OUT_WHEN_EMPTY = ("tool_calls", "is_error", "metadata", "pinned")
+LEFT_OUT_WHEN_EMPTY = ("tool_calls", "is_error", "metadata", "pinned")
 
 
 # ---- the log ----------------------------------------------------------------------------
@@ -711,6 +711,7 @@ __all__ = [
     "CONTEXT_KINDS",
     "DEVELOPER_ROLE",
     "EVENT_KINDS",
+    "LEFT_OUT_WHEN_EMPTY",
     "MAX_TOKEN_COUNT",
     "OPENAI_CHAT_PROTOCOL",
     "OPENAI_RESPONSES_PROTOCOL",

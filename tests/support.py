@@ -13,18 +13,21 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+import orjson
 import pytest
 from sqlalchemy import select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
+from episodic.context import Context
 from episodic.models import MessageEvent, StoredEvent
 from episodic.settings import EpisodicSettings
 from episodic.store import EpisodicStore
 from episodic.store.engine import sqlalchemy_url
 from episodic.store.projection import counters_of
 from episodic.store.schema import metadata
+from episodic.store.stored_context import StoredContext
 
 __all__ = [
     "INSTALL_LINE",
@@ -86,6 +89,20 @@ def url_through(url: str, port: int) -> str:
 def asyncpg_dsn(url: str) -> str:
     """``postgresql+asyncpg://...`` as a DSN asyncpg accepts."""
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def assert_stored_context_is(stored: StoredContext, context: Context) -> None:
+    """``stored`` (``load_stored_context``) is ``context`` (``load_context``) of the same
+    conversation: the same figures, and its spliced JSON parses to the models' dump without
+    nulls, which is what a server answers in episodic's format."""
+    assert (
+        stored.conversation_id,
+        stored.estimated_tokens,
+        stored.last_seq,
+        stored.boundary_seq,
+    ) == (context.conversation_id, context.estimated_tokens, context.last_seq, context.boundary_seq)
+    dumped = [m.model_dump(mode="json", exclude_none=True) for m in context.messages]
+    assert orjson.loads(stored.messages_json()) == dumped
 
 
 def sent_after_cut(events: Sequence[StoredEvent], covers: int) -> Counter[int]:

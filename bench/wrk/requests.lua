@@ -2,7 +2,7 @@
 --
 --   wrk -t2 -c32 -d10s -s bench/wrk/requests.lua http://127.0.0.1:PORT -- DATA KEYS
 --
--- DATA is a Lua chunk returning {mode = "append" | "load", run = "<hex>", threads = n,
+-- DATA is a Lua chunk returning {mode = "append" | "load" | "head", run = "<hex>", threads = n,
 -- authorization = "Bearer ...", paths = {...}, texts = {...}}. Each wrk thread takes every
 -- n-th path from its own (thread i the paths i, i + n, ...) and sends to them round robin.
 -- An append's body is one user message whose text starts with a marker unique in the run,
@@ -46,7 +46,7 @@ function init(args)
    if #requests == 0 then
       requests = data.paths
    end
-   if mode == "load" then
+   if mode ~= "append" then
       -- the same request every time: format it once per path
       local headers = {Authorization = data.authorization}
       for j = 1, #requests do
@@ -58,7 +58,7 @@ end
 function request()
    sent = sent + 1
    local path = requests[(sent - 1) % #requests + 1]
-   if mode == "load" then
+   if mode ~= "append" then
       return path
    end
    local key = data.run .. "-" .. id .. "-" .. sent

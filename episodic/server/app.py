@@ -471,7 +471,12 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
     ) -> Response:
         """What the next model call should see; 304 when ``If-None-Match`` names its ETag
         (the conversation's last seq: nothing appended or compacted since)."""
-        context = await store.load_context(conversation_id)
+        # episodic's format is the log's own JSON: no model is made of a stored message
+        context = await (
+            store.load_stored_context(conversation_id)
+            if format == "episodic"
+            else store.load_context(conversation_id)
+        )
         tag = etag(context.last_seq)
         if (unchanged := not_modified(request, tag)) is not None:
             return unchanged

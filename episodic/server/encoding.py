@@ -18,6 +18,7 @@ from pydantic_core import to_json
 
 from episodic import Context, Message
 from episodic.server.schemas import ContextFormat
+from episodic.store.stored_context import StoredContext
 
 JSON = "application/json"
 #: a context's messages in episodic's own format: each message's fields, no nulls
@@ -45,11 +46,21 @@ def _plain_json(value: list[dict[str, Any]]) -> bytes:
         return to_json(value)
 
 
-def context_answer(context: Context, format: ContextFormat, *, headers: dict[str, str]) -> Response:
+def context_answer(
+    context: Context | StoredContext, format: ContextFormat, *, headers: dict[str, str]
+) -> Response:
     """A loaded context as the route's ``LoadedContext`` in ``format``, encoded in one pass:
-    the messages are serialized from the models, never made into dicts first."""
+    the messages are serialized from the models, never made into dicts first; a context
+    loaded as stored (episodic's format only) splices the log's own JSON
+    (:meth:`StoredContext.messages_json`), which parses to the models' dump."""
     messages: bytes
-    if format == "openai":
+    if isinstance(context, StoredContext):
+        if format != "episodic":
+            raise ValueError(
+                f"a context loaded as stored is answered in episodic's format, not {format}"
+            )
+        messages = context.messages_json()
+    elif format == "openai":
         messages = _plain_json(context.to_openai())
     elif format == "responses":
         messages = _plain_json(context.to_responses())

@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from episodic.errors import EpisodicError
 from episodic.server.app import create_app
+from episodic.server.collector import settle_for_serving
 from episodic.server.keys import KeyStore
 from episodic.server.operations import ManualCompaction
 from episodic.settings import EpisodicSettings, load_settings
@@ -91,8 +92,13 @@ class ServedApp:
                 return startup
             return await receive()
 
+        async def settled_when_started(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                settle_for_serving()
+            await send(message)
+
         # the app's own lifespan runs as if it had seen the startup: it closes the store
-        await app(scope, startup_then_the_rest, send)
+        await app(scope, startup_then_the_rest, settled_when_started)
 
 
 async def build_app(settings: EpisodicSettings) -> ASGIApp:

@@ -301,9 +301,12 @@ class Backend(Protocol):
         queue_state and queue_order)."""
         ...
 
-    async def load_tail(self, conversation_id: UUID, *, with_events: bool) -> Tail | None:
+    async def load_tail(
+        self, conversation_id: UUID, *, with_events: bool, stored: bool = False
+    ) -> Tail | None:
         """The head's position, its latest boundary and the messages after its cut (and,
-        ``with_events``, every event after it), in one statement."""
+        ``with_events``, every event after it; ``stored``, the messages as
+        :class:`~episodic.store.codec.StoredMessage` views), in one statement."""
         ...
 
     async def read_events(

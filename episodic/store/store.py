@@ -11,7 +11,7 @@ from uuid import UUID, uuid4
 import orjson
 from pydantic import JsonValue
 
-from episodic.context import Context, compose_context
+from episodic.context import Context, compose_context, compose_messages
 from episodic.errors import (
     ConflictError,
     ConversationDeletedError,
@@ -97,6 +97,7 @@ from episodic.store.state import (
     check_touched_at,
     encode_state_change,
 )
+from episodic.store.stored_context import StoredContext
 from episodic.store.transfer import (
     ImportedConversation,
     ImportSummary,
@@ -864,6 +865,28 @@ class EpisodicStore:
         if loaded is None:
             raise NotFoundError(cid)
         return self._compose(cid, loaded, max_tool_result_tokens)
+
+    async def load_stored_context(self, conversation_id: UUID | str) -> StoredContext:
+        """``load_context`` for an answer in episodic's own JSON: the same context, its
+        stored messages left as the log holds them (:mod:`episodic.store.stored_context`).
+        The same one statement."""
+        await self._ready()
+        cid = parse_conversation_id(conversation_id)
+        loaded = await retry_transient(
+            lambda: self._backend.load_tail(cid, with_events=False, stored=True), safe=True
+        )
+        if loaded is None:
+            raise NotFoundError(cid)
+        assert loaded.stored is not None
+        messages, estimated = compose_messages(loaded.boundary, loaded.stored, self.estimator)
+        return StoredContext(
+            cid,
+            messages,
+            estimated,
+            loaded.last_seq,
+            # the head's: a tail holds a boundary only when it is the head's latest
+            loaded.boundary_seq,
+        )
 
     async def load_context_and_tail(
         self, conversation_id: UUID | str

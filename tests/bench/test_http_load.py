@@ -133,9 +133,11 @@ async def test_wrk_against_the_minimal_server_loses_and_doubles_nothing(minimal_
             payload = f'{{"role":"user","content":"message {i}"}}'
             await conn.fetchval(minimal_server.INSERT, plain, payload, None)
         with serving_minimal(minimal_url, "secret") as server:
-            side = Side("minimal", 1, server.base, f"/v1/conversations/{plain}/context")
+            path = f"/v1/conversations/{plain}"
+            side = Side("minimal", 1, server.base, f"{path}/context", path)
             append = await load_run(wrk, conn, side, "secret", "append", 4, 2, 1.0)
             load = await load_run(wrk, conn, side, "secret", "load", 4, 2, 1.0)
+            head = await load_run(wrk, conn, side, "secret", "head", 4, 2, 1.0)
     finally:
         await conn.close()
     assert append.statuses["2xx"] > 0
@@ -143,5 +145,6 @@ async def test_wrk_against_the_minimal_server_loses_and_doubles_nothing(minimal_
     assert (append.lost, append.doubled, append.problems) == (0, 0, [])
     assert 0 <= (append.unanswered or 0) <= 4
     assert load.statuses["2xx"] == load.requests > 0
+    assert head.statuses["2xx"] == head.requests > 0
     assert 1 <= append.max_pg <= minimal_server.POOL_MAX_SIZE
     assert not scan_log(server.lines).tracebacks

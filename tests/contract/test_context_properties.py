@@ -26,7 +26,7 @@ from episodic.context import Context
 from episodic.loop import validate_history
 from episodic.models import ImageBlock, MessageEvent, StoredEvent, TextBlock
 from episodic.policy import safe_cut, safe_cut_at_or_before
-from tests.support import sent_after_cut
+from tests.support import assert_stored_context_is, sent_after_cut
 
 MAX_EVENTS = 10_000
 
@@ -407,6 +407,7 @@ async def test_loaded_context_is_a_valid_request(store: EpisodicStore, data: st.
 
     validate_history(list(ctx.messages))
     check_chat_completions_request(ctx.to_openai())
+    assert_stored_context_is(await store.load_stored_context(conv), ctx)
     check_against_log(ctx, events, last)
     assert ctx.last_seq == head.last_seq
     if model.boundaries:

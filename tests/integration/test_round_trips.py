@@ -65,10 +65,12 @@ async def test_a_tenant_scoped_store_keeps_the_request_path_at_one_round_trip(
     conv = await acme.create_conversation()
     await acme.append(conv, [Message.user("warm up")])
     await acme.load_context(conv)
+    await acme.load_stored_context(conv)
     await acme.mark_run_completed(conv)
     for call in (
         lambda: acme.append(conv, [Message.user("next")]),
         lambda: acme.load_context(conv),
+        lambda: acme.load_stored_context(conv),
         lambda: acme.mark_run_completed(conv),
         lambda: acme.get_conversation(conv),
     ):

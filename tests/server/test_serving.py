@@ -5,12 +5,15 @@ its end; and the settings handed to the worker processes through the environment
 from __future__ import annotations
 
 import asyncio
+import gc
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from pydantic import SecretStr
 
+from episodic.server.collector import FIRST_GENERATION
 from episodic.server.keys import KeyStore
 from episodic.server.serving import ServedApp
 from episodic.settings import EpisodicSettings, environment_of
@@ -43,8 +46,17 @@ class Lifespan:
         return str(answer["type"])
 
 
+@pytest.fixture
+def collector() -> Iterator[None]:
+    """The test process's collector as it was, whatever a served app's startup set."""
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
 async def test_a_process_makes_its_app_at_startup_and_closes_it_at_shutdown(
-    database_url: str,
+    database_url: str, collector: None
 ) -> None:
     settings = isolated_settings().model_copy(update={"database_url": database_url})
     keys = KeyStore.open(database_url)
@@ -54,7 +66,11 @@ async def test_a_process_makes_its_app_at_startup_and_closes_it_at_shutdown(
         await keys.close()
     app = ServedApp(settings)
     lifespan = Lifespan(app)
+    assert gc.get_threshold()[0] != FIRST_GENERATION
     assert await lifespan.start() == "lifespan.startup.complete"
+    # the startup's objects frozen out of later scans, the first generation's threshold raised
+    assert gc.get_freeze_count() > 0
+    assert gc.get_threshold()[0] == FIRST_GENERATION
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://episodic") as http:
         http.headers["Authorization"] = f"Bearer {secret}"
@@ -63,7 +79,9 @@ async def test_a_process_makes_its_app_at_startup_and_closes_it_at_shutdown(
     assert await lifespan.stop() == "lifespan.shutdown.complete"
 
 
-async def test_a_process_whose_app_cannot_start_says_so_and_serves_nothing() -> None:
+async def test_a_process_whose_app_cannot_start_says_so_and_serves_nothing(
+    collector: None,
+) -> None:
     settings = isolated_settings().model_copy(
         update={
             "database_url": "postgresql+asyncpg://nobody@127.0.0.1:1/none",
@@ -73,6 +91,7 @@ async def test_a_process_whose_app_cannot_start_says_so_and_serves_nothing() -> 
     app = ServedApp(settings)
     lifespan = Lifespan(app)
     assert await lifespan.start() == "lifespan.startup.failed"
+    assert gc.get_freeze_count() == 0
     with pytest.raises(RuntimeError, match="before the app's lifespan started"):
         await app({"type": "http", "path": "/healthz"}, lifespan.inbox.get, lifespan.sent.put)
 

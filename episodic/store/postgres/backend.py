@@ -711,7 +711,9 @@ class PostgresBackend:
             layout=layout,
         )
 
-    async def load_tail(self, conversation_id: UUID, *, with_events: bool) -> Tail | None:
+    async def load_tail(
+        self, conversation_id: UUID, *, with_events: bool, stored: bool = False
+    ) -> Tail | None:
         with translated_errors():
             rows = await self._pool.fetch(LOAD_TAIL, conversation_id, self.tenant)
         if not rows:
@@ -723,6 +725,7 @@ class PostgresBackend:
             last_seq=first["last_seq"],
             boundary_seq=first["boundary_seq"],
             with_events=with_events,
+            stored=stored,
         )
 
     async def read_events(

@@ -880,7 +880,9 @@ class SqliteBackend:
             recent_attempts=[dict(row) for row in recents],
         )
 
-    async def load_tail(self, conversation_id: UUID, *, with_events: bool) -> Tail | None:
+    async def load_tail(
+        self, conversation_id: UUID, *, with_events: bool, stored: bool = False
+    ) -> Tail | None:
         async with self._read() as conn:
             head = await _head(conn, conversation_id, self.tenant)
             if head is None or head["deleted_at"] is not None:
@@ -895,6 +897,7 @@ class SqliteBackend:
                 last_seq=head["last_seq"],
                 boundary_seq=head["boundary_seq"],
                 with_events=with_events,
+                stored=stored,
             )
 
     async def read_events(
