@@ -91,6 +91,21 @@ def asyncpg_dsn(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+class TerminalSummary:
+    """Prints a run's counts in pytest's terminal summary under ``title`` (plain ``python -m
+    pytest`` shows it, passed or failed): register it with
+    ``request.config.pluginmanager.register``."""
+
+    def __init__(self, title: str, lines: list[str]) -> None:
+        self.title = title
+        self.lines = lines
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        terminalreporter.write_sep("-", self.title)
+        for line in self.lines:
+            terminalreporter.write_line(line)
+
+
 def assert_stored_context_is(stored: StoredContext, context: Context) -> None:
     """``stored`` (``load_stored_context``) is ``context`` (``load_context``) of the same
     conversation: the same figures, and its spliced JSON parses to the models' dump without

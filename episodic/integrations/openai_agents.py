@@ -46,7 +46,6 @@ from agents.memory.session_settings import (
 from agents.run_context import RunContextWrapper
 
 from episodic import BoundaryRequest
-from episodic.context import boundary_messages
 from episodic.errors import (
     ConflictError,
     NotFoundError,
@@ -54,10 +53,13 @@ from episodic.errors import (
     ValidationError,
 )
 from episodic.integrations.search import DEFAULT_TOOL_HITS, ConversationSearch
-from episodic.integrations.sessions import create_session_conversation, named_conversation_id
+from episodic.integrations.sessions import (
+    create_session_conversation,
+    named_conversation_id,
+    session_view,
+)
 from episodic.models import Message, MessageEvent, Usage
 from episodic.store import DEFAULT_TENANT, EpisodicStore
-from episodic.view import in_view
 
 logger = logging.getLogger(__name__)
 
@@ -255,24 +257,16 @@ class EpisodicSession(SessionABC):
         return True
 
     async def _read_view(self) -> _View | None:
-        """The compacted view as items, with where the log stood when it was read; None for
+        """The session's view as items, with where the log stood when it was read; None for
         a session never written."""
-        try:
-            context, tail = await self.store.load_context_and_tail(self.conversation_id)
-        except NotFoundError:
+        view = await session_view(self.store, self.conversation_id)
+        if view is None:
             return None
-        boundary = context.boundary  # None after a clear, though the head keeps it
-        messages: list[Message] = boundary_messages(boundary) if boundary is not None else []
-        covers = boundary.covers_through_seq if boundary is not None else 0
-        for event in in_view(tail):
-            if isinstance(event, MessageEvent):
-                messages.append(event.message)
-                covers = event.seq
         return _View(
-            items=[item for message in messages for item in message.to_responses()],
-            covers_through_seq=covers,
-            boundary_seq=context.boundary_seq,
-            last_seq=context.last_seq,
+            items=[item for message in view.messages for item in message.to_responses()],
+            covers_through_seq=view.covers_through_seq,
+            boundary_seq=view.boundary_seq,
+            last_seq=view.last_seq,
         )
 
     async def _create(self) -> None:

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from uuid import UUID
 
 from pydantic import JsonValue
 
-from episodic.errors import ConflictError, ErasedConversationError
+from episodic.context import boundary_messages
+from episodic.errors import ConflictError, ErasedConversationError, NotFoundError
+from episodic.models import Message, MessageEvent
 from episodic.store import EpisodicStore
+from episodic.view import in_view
 
 
 def named_conversation_id(namespace: UUID, session_id: str, tenant_id: str) -> UUID:
@@ -46,4 +50,34 @@ async def create_session_conversation(
         pass  # created meanwhile by a concurrent first write
 
 
-__all__ = ["create_session_conversation", "named_conversation_id"]
+@dataclass(frozen=True, slots=True)
+class SessionView:
+    """What a framework's session holds now: the latest boundary's messages (the handoff and
+    retained user messages, or a framework's own compaction items), then every message in
+    view after its cut, as they were appended (not composed for a model call: no pairing, no
+    synthetic results, reasoning-only turns kept), with where the log stood when read."""
+
+    messages: list[Message]
+    #: the seq of the newest message in view (the boundary's cut when there is none after it)
+    covers_through_seq: int
+    boundary_seq: int | None
+    last_seq: int
+
+
+async def session_view(store: EpisodicStore, conversation_id: UUID) -> SessionView | None:
+    """The conversation's :class:`SessionView`, in one read; None when it does not exist."""
+    try:
+        context, tail = await store.load_context_and_tail(conversation_id)
+    except NotFoundError:
+        return None
+    boundary = context.boundary  # None after a clear, though the head keeps it
+    messages: list[Message] = boundary_messages(boundary) if boundary is not None else []
+    covers = boundary.covers_through_seq if boundary is not None else 0
+    for event in in_view(tail):
+        if isinstance(event, MessageEvent):
+            messages.append(event.message)
+            covers = event.seq
+    return SessionView(messages, covers, context.boundary_seq, context.last_seq)
+
+
+__all__ = ["SessionView", "create_session_conversation", "named_conversation_id", "session_view"]

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from episodic import errors
+from episodic.integrations.sessions import session_view
 from episodic.search import MAX_QUERY_LENGTH, MAX_SEARCH_LIMIT, QUERY_PATTERN
 from episodic.server.access_log import REQUEST_ID, ObservedRequests, request_id_of
 from episodic.server.admission import Admission
@@ -52,13 +53,16 @@ from episodic.server.problems import (
 )
 from episodic.server.schemas import (
     Appended,
+    Cleared,
     ContextFormat,
     ConversationHead,
     ConversationPage,
     EventPage,
     LoadedContext,
     NewConversation,
+    Retracted,
     SearchResults,
+    SessionView,
     Unpin,
 )
 from episodic.store import EpisodicStore
@@ -495,6 +499,40 @@ def _routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
         event = await store.mark_run_completed(conversation_id)
         response.headers["ETag"] = etag(event.seq)
         return Appended(events=[event], last_seq=event.seq)
+
+    @router.post("/conversations/{conversation_id}/retract-last", response_model=Retracted)
+    async def retract_last(store: Store, conversation_id: UUID) -> Retracted:
+        """Take back the newest message in view (a framework session's pop): a retraction
+        is appended and the message leaves the context; the log keeps it. Null when none
+        is in view. Not idempotent: each call takes back one more."""
+        return Retracted(retracted=await store.retract_last(conversation_id))
+
+    @router.post("/conversations/{conversation_id}/clear", response_model=Cleared)
+    async def clear(store: Store, conversation_id: UUID) -> Cleared:
+        """Empty the view (a framework session's clear): the context then holds only what
+        is appended after it, no handoff either. The log keeps every event."""
+        return Cleared(cleared=await store.clear(conversation_id))
+
+    @router.get(
+        "/conversations/{conversation_id}/view",
+        response_model=SessionView,
+        responses={200: with_etag("the view")},
+    )
+    async def view(store: Store, conversation_id: UUID, response: Response) -> SessionView:
+        """What a framework's session holds (the TypeScript sessions read it): the latest
+        boundary's messages, then the messages in view as they were appended, for a session
+        to give back its items as it stored them."""
+        seen = await session_view(store, conversation_id)
+        if seen is None:
+            raise errors.NotFoundError(conversation_id)
+        response.headers["ETag"] = etag(seen.last_seq)
+        return SessionView(
+            conversation_id=conversation_id,
+            messages=seen.messages,
+            covers_through_seq=seen.covers_through_seq,
+            boundary_seq=seen.boundary_seq,
+            last_seq=seen.last_seq,
+        )
 
     @router.get(
         "/conversations/{conversation_id}/export",

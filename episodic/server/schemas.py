@@ -18,6 +18,7 @@ from typing_extensions import TypeAliasType
 
 from episodic.models import (
     MAX_TOKEN_COUNT,
+    ClearEvent,
     Conversation,
     Message,
     MessageEvent,
@@ -298,6 +299,31 @@ class Appended(BaseModel):
     """The stored events, with their seqs."""
 
     events: list[StoredEvent]
+    last_seq: int
+
+
+class Retracted(BaseModel):
+    """The message taken back (its retraction is in the log); null when none was in view."""
+
+    retracted: MessageEvent | None
+
+
+class Cleared(BaseModel):
+    """The clear appended; null when the view was already empty (nothing was written)."""
+
+    cleared: ClearEvent | None
+
+
+class SessionView(BaseModel):
+    """What a framework's session holds: the latest boundary's messages, then every message
+    in view after its cut as it was appended (not composed for a model call: no pairing,
+    no synthetic results, reasoning-only turns kept). ``covers_through_seq`` is the newest
+    message in view (the boundary's cut when there is none after it)."""
+
+    conversation_id: UUID
+    messages: list[Message]
+    covers_through_seq: int
+    boundary_seq: int | None
     last_seq: int
 
 

@@ -77,6 +77,9 @@ CONVERSATION_ROUTES: dict[str, tuple[str, str, dict[str, Any] | None]] = {
     "export_conversation": ("GET", "/export", None),
     "erase_conversation": ("POST", "/erase", {"reason": "not yours"}),
     "compact_now": ("POST", "/compact", None),
+    "retract_last": ("POST", "/retract-last", None),
+    "clear": ("POST", "/clear", None),
+    "view": ("GET", "/view", None),
 }
 
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from episodic import EpisodicStore
+from episodic import BoundaryRequest, EpisodicStore
 from episodic.server import create_app
 from episodic.server.keys import KeyStore
 from episodic.server.operations import ManualCompaction
@@ -479,3 +479,68 @@ async def test_a_pinned_message_is_unpinned_by_an_event(client: httpx.AsyncClien
     missing = await client.post(f"/v1/conversations/{uuid.uuid4()}/unpin", json={"seq": 1})
     assert missing.status_code == 404
     assert (await client.get(f"/v1/conversations/{cid}")).json()["conversation"]["last_seq"] == 3
+
+
+async def test_a_session_view_pop_and_clear(
+    client: httpx.AsyncClient, store: EpisodicStore
+) -> None:
+    """The routes the TypeScript sessions stand on: the view (the boundary's messages first,
+    then the messages as appended, a reasoning-only turn kept), retract-last (a pop, one
+    message a call, the log keeps it) and clear (an empty view, a clear in the log)."""
+    cid = await _create(client)
+    reasoning_only = {"role": "assistant", "content": "", "reasoning": "thinking it over"}
+    batch = [_user("fix the refund job"), {"role": "assistant", "content": "on it"}]
+    appended = await client.post(f"/v1/conversations/{cid}/messages", json={"messages": batch})
+    assert appended.status_code == 201, appended.text
+    await store.for_tenant("acme").write_boundary(
+        cid,
+        BoundaryRequest(
+            summary="the refund job posts twice",
+            covers_through_seq=2,
+            retained=["fix the refund job"],
+            reason="context_pressure",
+            expected_boundary_seq=None,
+        ),
+    )
+    after = [_user("and the test?"), reasoning_only]
+    await client.post(f"/v1/conversations/{cid}/messages", json={"messages": after})
+
+    view = await client.get(f"/v1/conversations/{cid}/view")
+    assert view.status_code == 200, view.text
+    seen = view.json()
+    assert [m["content"] for m in seen["messages"]][1:] == [
+        "fix the refund job",
+        "and the test?",
+        "",
+    ]
+    assert "the refund job posts twice" in seen["messages"][0]["content"]
+    assert seen["messages"][3]["reasoning"] == "thinking it over"  # the context drops it
+    assert (seen["covers_through_seq"], seen["boundary_seq"], seen["last_seq"]) == (5, 3, 5)
+    assert view.headers["etag"] == '"5"'
+
+    popped = await client.post(f"/v1/conversations/{cid}/retract-last")
+    assert popped.status_code == 200, popped.text
+    assert popped.json()["retracted"]["seq"] == 5
+    popped = await client.post(f"/v1/conversations/{cid}/retract-last")
+    assert popped.json()["retracted"]["message"]["content"] == "and the test?"
+    assert len((await client.get(f"/v1/conversations/{cid}/view")).json()["messages"]) == 2
+    assert (await client.post(f"/v1/conversations/{cid}/retract-last")).json() == {
+        "retracted": None
+    }
+
+    cleared = await client.post(f"/v1/conversations/{cid}/clear")
+    assert cleared.json()["cleared"]["kind"] == "clear"
+    assert (await client.get(f"/v1/conversations/{cid}/view")).json()["messages"] == []
+    assert (await client.post(f"/v1/conversations/{cid}/clear")).json() == {"cleared": None}
+    kinds = [
+        e["kind"] for e in (await client.get(f"/v1/conversations/{cid}/events")).json()["events"]
+    ]
+    assert kinds == ["message"] * 2 + ["boundary"] + ["message"] * 2 + ["retraction"] * 2 + [
+        "clear"
+    ]
+
+    unknown = uuid.uuid4()
+    for method, path in (("GET", "view"), ("POST", "retract-last"), ("POST", "clear")):
+        answer = await client.request(method, f"/v1/conversations/{unknown}/{path}")
+        assert answer.status_code == 404, (path, answer.text)
+        assert answer.headers["content-type"].startswith(PROBLEM)

@@ -48,7 +48,7 @@ from episodic.models import Message, ToolCall
 from tests.acceptance.test_cli import clean_env, run_cli
 from tests.server.conftest import AnswerWatch
 from tests.server.live import Served, serving
-from tests.support import asyncpg_dsn
+from tests.support import TerminalSummary, asyncpg_dsn
 
 pytestmark = pytest.mark.postgres_only
 
@@ -640,19 +640,6 @@ def stateful(schema: Any, keys: Keys, tally: Tally) -> None:
             tally.restarts += 1
 
 
-class TerminalSummary:
-    """Prints the run's counts in pytest's terminal summary (plain ``python -m pytest``
-    shows it, passed or failed)."""
-
-    def __init__(self, lines: list[str]) -> None:
-        self.lines = lines
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        terminalreporter.write_sep("-", "schemathesis against episodic serve")
-        for line in self.lines:
-            terminalreporter.write_line(line)
-
-
 def test_schemathesis_against_live_server(
     server: tuple[Served, Keys],
     postgres_url: str,
@@ -697,7 +684,9 @@ def test_schemathesis_against_live_server(
     lines.append(f"every failure, in full: {failures}")
     print("\n".join(lines))
     record_property("schemathesis", "\n".join(lines))
-    request.config.pluginmanager.register(TerminalSummary(lines))
+    request.config.pluginmanager.register(
+        TerminalSummary("schemathesis against episodic serve", lines)
+    )
 
     # the server's log without its access log: what it said about the requests that failed
     log = "\n".join(
