@@ -20,6 +20,7 @@ import type { AgentInputItem, Session } from "@openai/agents-core";
 
 import type { ConversationMetadata, EpisodicClient, Message, NewMessage } from "./client.js";
 import { ConflictError, ErasedConversationError, NotFoundError } from "./errors.js";
+import { messageText } from "./text.js";
 import { uuid5 } from "./uuid.js";
 
 /** The namespace of the conversations session ids name (the Python session's). */
@@ -180,7 +181,7 @@ export function messageOf(item: AgentInputItem): NewMessage {
 export function itemsOf(message: Message): AgentInputItem[] {
   const native = message.native;
   if (native?.protocol === ITEM_PROTOCOL) return [native.data as unknown as AgentInputItem];
-  const text = plainText(message);
+  const text = messageText(message);
   switch (message.role) {
     case "user":
       return [{ role: "user", content: text }];
@@ -263,14 +264,4 @@ function outputText(output: unknown): string {
   if (Array.isArray(output)) return textOf(output);
   if (typeof output === "object" && output !== null && "text" in output) return String(output.text);
   return JSON.stringify(output ?? "");
-}
-
-function plainText(message: Message): string {
-  const content = message.content;
-  if (content === null || content === undefined) return "";
-  if (typeof content === "string") return content;
-  return content
-    .map((block) => (block.type === "text" ? block.text : block.type === "image" ? (block.alt ?? "[image]") : ""))
-    .filter((text) => text !== "")
-    .join("\n");
 }
