@@ -24,10 +24,11 @@ the conversation is still at that seq (two concurrent appends retry, never lose 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from typing import cast
 from uuid import UUID
@@ -53,11 +54,15 @@ from episodic.formats.claude_code import ENTRY_PROTOCOL
 from episodic.integrations.sessions import create_session_conversation
 from episodic.models import Conversation, Message, MessageEvent, NativePayload, StateChange
 from episodic.store import DEFAULT_TENANT, EpisodicStore
+from episodic.store.checks import MAX_LISTING_LENGTH
 
 #: The namespace of the conversation ids keys map to (uuid5 of the tenant and the key).
 KEY_NAMESPACE = uuid.UUID("0c8f4a6e-3b5d-4f2a-9e71-2d6c8b9a4f13")
 #: The conversation state key the session summary is kept under.
 SUMMARY_STATE_KEY = "claude_agent_summary"
+#: Where the TypeScript SDK's summary is kept: its fold writes another format (camelCase
+#: fields, ``foldSessionSummary``) that only it reads, so each SDK keeps its own.
+TS_SUMMARY_STATE_KEY = "claude_agent_summary_ts"
 #: The reason recorded on the tombstone of a deleted session.
 DELETE_REASON = "claude-agent-sdk SessionStore.delete"
 #: How many times an append re-reads the summary after losing a race for the same session.
@@ -78,8 +83,12 @@ def _project_listing(project_key: str) -> str:
 
 
 def _session_listing(project_key: str, session_id: str) -> str:
-    """The app name a session's subpaths are listed under."""
-    return f"claude-agent:{json.dumps([project_key, session_id])}"
+    """The app name a session's subpaths are listed under: the two parts, or past the
+    listing's length (JSON escapes can make it six times a key's) their digest."""
+    name = f"claude-agent:{json.dumps([project_key, session_id])}"
+    if len(name) <= MAX_LISTING_LENGTH:
+        return name
+    return f"claude-agent:sha256:{hashlib.sha256(name.encode()).hexdigest()}"
 
 
 class EpisodicSessionStore(SessionStore):
@@ -94,22 +103,15 @@ class EpisodicSessionStore(SessionStore):
         """Append ``entries`` in order; an entry whose ``uuid`` the key already holds is not
         stored again."""
         _check_key(key)
-        pending = _unique_by_uuid(entries)
         cid = key_conversation_id(key, self.tenant_id)
         for _ in range(MAX_FOLD_ATTEMPTS):
-            if not pending:
-                return
             try:
                 if key.get("subpath"):
-                    await self._append(cid, key, pending, summary=None, at_seq=None)
+                    write = self._unfolded(cid, key)
                 else:
-                    await self._append_folded(cid, key, pending)
+                    write = await self._folded_here(cid, key)
+                await _each_once(_unique_by_uuid(entries), write)
                 return
-            except IdempotencyMismatchError as exc:
-                # A retried batch (or a concurrent writer) already stored this entry: keep
-                # the rest. The store names the reused client id, or the batch's first.
-                stored = exc.key or pending[0].get("uuid")
-                pending = [entry for entry in pending if entry.get("uuid") != stored]
             except ErasedConversationError:
                 raise  # deleted: a late write does not bring it back
             except ConflictError:
@@ -120,23 +122,77 @@ class EpisodicSessionStore(SessionStore):
             conversation_id=cid,
         )
 
-    async def _append_folded(
-        self, cid: UUID, key: SessionKey, entries: list[SessionStoreEntry]
+    async def append_folded_by_caller(
+        self,
+        key: SessionKey,
+        entries: list[SessionStoreEntry],
+        *,
+        summary: dict[str, JsonValue] | None,
+        at_seq: int | None,
+        state_key: str = TS_SUMMARY_STATE_KEY,
     ) -> None:
-        """The entries and the summary folded over them, written only if the session is
-        still at the seq the summary was read at."""
+        """``append`` for an SDK that folds its summary itself (the TypeScript SDK, over
+        HTTP): ``summary`` is its fold over the summary :meth:`read_summary` gave at
+        ``at_seq`` (None for a subpath, which has none). :class:`ConflictError` when the
+        session moved on since: read again, fold again."""
+        _check_key(key)
+        cid = key_conversation_id(key, self.tenant_id)
+        if summary is None or key.get("subpath"):
+            write = self._unfolded(cid, key)
+        else:
+            write = self._with_summary(cid, key, summary, at_seq, state_key)
+        await _each_once(_unique_by_uuid(entries), write)
+
+    async def read_summary(
+        self, key: SessionKey, state_key: str = TS_SUMMARY_STATE_KEY
+    ) -> tuple[dict[str, JsonValue] | None, int | None]:
+        """The summary kept under ``state_key`` and the seq the session is at (None, None
+        for a session never written): what a caller's fold starts from."""
+        _check_key(key)
         try:
-            snapshot = await self.store.read_state(cid)
-            previous = snapshot.conversation.get(SUMMARY_STATE_KEY)
-            at_seq: int | None = snapshot.last_seq
+            snapshot = await self.store.read_state(key_conversation_id(key, self.tenant_id))
         except NotFoundError:
-            previous, at_seq = None, None
-        summary = fold_session_summary(
-            cast(SessionSummaryEntry, previous) if isinstance(previous, dict) else None,
-            key,
-            entries,
-        )
-        await self._append(cid, key, entries, summary=summary, at_seq=at_seq)
+            return None, None
+        previous = snapshot.conversation.get(state_key)
+        return (previous if isinstance(previous, dict) else None), snapshot.last_seq
+
+    def _unfolded(self, cid: UUID, key: SessionKey) -> _Write:
+        async def write(entries: list[SessionStoreEntry]) -> None:
+            await self._append(cid, key, entries, summary=None, at_seq=None)
+
+        return write
+
+    async def _folded_here(self, cid: UUID, key: SessionKey) -> _Write:
+        """A write of entries with the Python SDK's summary folded over them, made only if
+        the session is still at the seq the summary was read at."""
+        previous, at_seq = await self.read_summary(key, SUMMARY_STATE_KEY)
+
+        async def write(entries: list[SessionStoreEntry]) -> None:
+            summary = fold_session_summary(
+                cast(SessionSummaryEntry, previous) if previous is not None else None,
+                key,
+                entries,
+            )
+            await self._append(
+                cid, key, entries, summary=cast(dict[str, JsonValue], summary), at_seq=at_seq
+            )
+
+        return write
+
+    def _with_summary(
+        self,
+        cid: UUID,
+        key: SessionKey,
+        summary: dict[str, JsonValue],
+        at_seq: int | None,
+        state_key: str,
+    ) -> _Write:
+        async def write(entries: list[SessionStoreEntry]) -> None:
+            await self._append(
+                cid, key, entries, summary=summary, at_seq=at_seq, state_key=state_key
+            )
+
+        return write
 
     async def _append(
         self,
@@ -144,20 +200,24 @@ class EpisodicSessionStore(SessionStore):
         key: SessionKey,
         entries: list[SessionStoreEntry],
         *,
-        summary: SessionSummaryEntry | None,
+        summary: dict[str, JsonValue] | None,
         at_seq: int | None,
+        state_key: str = SUMMARY_STATE_KEY,
     ) -> None:
         now_ms = int(time.time() * 1000)
         state = None
         if summary is not None:
             # the summary's mtime is the session's listed mtime: the same clock, one write
-            stamped = cast(dict[str, JsonValue], {**summary, "mtime": now_ms})
-            state = StateChange(conversation={SUMMARY_STATE_KEY: stamped})
+            stamped: dict[str, JsonValue] = {**summary, "mtime": now_ms}
+            state = StateChange(conversation={state_key: stamped})
         messages = [_entry_message(entry) for entry in entries]
         touched_at = now_ms / 1000
+        # a summary read from a session never written folds onto nothing: it may be written
+        # only while the session is still empty (a concurrent first write folds first)
+        expected = 0 if summary is not None and at_seq is None else at_seq
         try:
             await self.store.append(
-                cid, messages, expected_seq=at_seq, state=state, touched_at=touched_at
+                cid, messages, expected_seq=expected, state=state, touched_at=touched_at
             )
         except NotFoundError:
             await self._create(cid, key)
@@ -214,11 +274,17 @@ class EpisodicSessionStore(SessionStore):
 
     async def list_session_summaries(self, project_key: str) -> list[SessionSummaryEntry]:
         """The summaries the SDK folded for the project's sessions."""
+        return cast(list[SessionSummaryEntry], await self.summaries(project_key))
+
+    async def summaries(
+        self, project_key: str, state_key: str = SUMMARY_STATE_KEY
+    ) -> list[dict[str, JsonValue]]:
+        """The summaries kept under ``state_key`` for the project's sessions."""
         found = await self._listed(_project_listing(_text(project_key, "project_key")))
         return [
-            cast(SessionSummaryEntry, c.state[SUMMARY_STATE_KEY])
+            cast(dict[str, JsonValue], c.state[state_key])
             for c in found
-            if isinstance(c.state.get(SUMMARY_STATE_KEY), dict)
+            if isinstance(c.state.get(state_key), dict)
         ]
 
     async def list_subkeys(self, key: SessionListSubkeysKey) -> list[str]:
@@ -250,6 +316,22 @@ class EpisodicSessionStore(SessionStore):
                 break
             page = await self.store.list_by_user(app_name, limit=_PAGE, after=page[-1])
         return found
+
+
+_Write = Callable[[list[SessionStoreEntry]], Awaitable[None]]
+
+
+async def _each_once(pending: list[SessionStoreEntry], write: _Write) -> None:
+    """``write`` the entries, leaving out each one the session already holds: the store
+    refuses a batch whose entry's ``uuid`` it has (a retried batch, or a concurrent writer's),
+    naming it, and nothing of that batch is written."""
+    while pending:
+        try:
+            await write(pending)
+            return
+        except IdempotencyMismatchError as exc:
+            stored = exc.key or pending[0].get("uuid")
+            pending = [entry for entry in pending if entry.get("uuid") != stored]
 
 
 def _entry_message(entry: SessionStoreEntry) -> Message:
@@ -329,6 +411,7 @@ __all__ = [
     "ENTRY_PROTOCOL",
     "KEY_NAMESPACE",
     "SUMMARY_STATE_KEY",
+    "TS_SUMMARY_STATE_KEY",
     "EpisodicSessionStore",
     "key_conversation_id",
 ]

@@ -31,6 +31,7 @@ from episodic.search import MAX_QUERY_LENGTH, MAX_SEARCH_LIMIT, QUERY_PATTERN
 from episodic.server.access_log import REQUEST_ID, ObservedRequests, request_id_of
 from episodic.server.admission import Admission
 from episodic.server.auth import JsonBody, KeyOf, key_dependency
+from episodic.server.claude_sessions import claude_session_routes
 from episodic.server.encoding import context_answer, json_answer
 from episodic.server.inbound import AppendFormat, document_requests, read_append
 from episodic.server.inspector import inspector_routes
@@ -233,6 +234,7 @@ def create_app(
     key_of = key_dependency(keys)
     app.include_router(_routes(store, key_of))
     app.include_router(operator_routes(store, key_of, compaction))
+    app.include_router(claude_session_routes(store, key_of))
     app.include_router(health_routes(store))
     app.include_router(inspector_routes(store, keys))
     return app

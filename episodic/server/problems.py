@@ -38,6 +38,7 @@ STATUS_OF: tuple[tuple[type[errors.EpisodicError], int], ...] = (
     (errors.OverloadedError, 503),
     (errors.SchemaNotMigratedError, 503),
     (errors.CompactionUnavailableError, 501),
+    (errors.ConfigurationError, 501),  # a route whose optional dependency is not installed
 )
 
 

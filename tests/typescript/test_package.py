@@ -188,7 +188,14 @@ def test_npm_pack_makes_a_package_that_compiles_in_a_fresh_project(
     lock = json.loads((PACKAGE / "package-lock.json").read_text(encoding="utf-8"))
     versions = {
         name: lock["packages"][f"node_modules/{name}"]["version"]
-        for name in ("typescript", "@types/node", "@openai/agents-core", "ai", "zod")
+        for name in (
+            "typescript",
+            "@types/node",
+            "@openai/agents-core",
+            "ai",
+            "zod",
+            "@anthropic-ai/claude-agent-sdk",
+        )
     }
     run(
         [
@@ -197,6 +204,8 @@ def test_npm_pack_makes_a_package_that_compiles_in_a_fresh_project(
             "--no-audit",
             "--no-fund",
             "--ignore-scripts",
+            # the Claude Agent SDK's optional CLI binaries: not for compiling against it
+            "--omit=optional",
             str(tarball),
             *(f"{name}@{version}" for name, version in versions.items()),
         ],
@@ -224,7 +233,9 @@ def test_npm_pack_makes_a_package_that_compiles_in_a_fresh_project(
     (project / "index.ts").write_text(
         """import { ConflictError, EpisodicClient, type LoadedContext } from "episodic-client";
 import { EpisodicChat } from "episodic-client/ai-sdk";
+import { EpisodicSessionStore } from "episodic-client/claude-agent-sdk";
 import { EpisodicSession } from "episodic-client/openai-agents";
+import type { SessionStore } from "@anthropic-ai/claude-agent-sdk";
 import type { Session } from "@openai/agents-core";
 import type { ModelMessage } from "ai";
 
@@ -232,6 +243,7 @@ const client = new EpisodicClient({ baseUrl: "http://127.0.0.1:8000", apiKey: "e
 export const session: Session = new EpisodicSession({ client, sessionId: "chat-1" });
 const chat = new EpisodicChat({ client, conversationId: "00000000-0000-4000-8000-000000000000" });
 export const history: Promise<ModelMessage[]> = chat.messages();
+export const store: SessionStore = new EpisodicSessionStore({ client });
 
 export async function turn(id: string): Promise<LoadedContext<"openai">> {
   try {

@@ -85,8 +85,9 @@ export interface LoadContextOptions<F extends ContextFormat> {
   ifNoneMatch?: string | true;
 }
 
-/** Which failures a request may be retried after. */
-type RetryRule = "safe" | "shed-only";
+/** Which failures a request may be retried after: "safe", any network error or 502/503/504
+ * (for what cannot write twice); "shed-only", only a 503 the server shed unprocessed. */
+export type RetryRule = "safe" | "shed-only";
 
 interface RequestInit {
   query?: Record<string, string | number | undefined>;
@@ -372,6 +373,25 @@ export class EpisodicClient {
   /** Readiness: the database answers and its schema is current. */
   async readyz(): Promise<Schemas["Health"]> {
     return (await this.#request<Schemas["Health"]>("GET", "/readyz", { retry: "safe" })).body;
+  }
+
+  /**
+   * A route this client has no method for (the framework modules' routes): JSON in
+   * (`params` is a GET's query, a POST's body), JSON out (undefined for a 204), its errors
+   * typed. `retry` "safe" only for a request that cannot write twice; by default a GET is,
+   * a POST is retried only when the server shed it unprocessed.
+   */
+  async request<T = unknown>(
+    method: "GET" | "POST",
+    path: string,
+    params: Record<string, unknown> = {},
+    retry: RetryRule = method === "GET" ? "safe" : "shed-only",
+  ): Promise<T> {
+    const init: RequestInit =
+      method === "GET"
+        ? { query: Object.fromEntries(Object.entries(params).map(([k, v]) => [k, v === undefined ? undefined : String(v)])), retry }
+        : { body: params, retry };
+    return (await this.#request<T>(method, path, init)).body;
   }
 
   // ---- the transport -----------------------------------------------------------------

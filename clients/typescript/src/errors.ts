@@ -7,16 +7,11 @@
  * answer a `NetworkError`.
  */
 
-/** A problem+json body (RFC 9457), as the server sends it. */
-export interface Problem {
-  type: string;
-  title: string;
-  status: number;
-  detail?: string | null;
-  instance?: string | null;
-  request_id?: string | null;
-  [extension: string]: unknown;
-}
+import type { components } from "./schema.js";
+
+/** A problem+json body (RFC 9457), as the server sends it (its schema's `Problem`, and the
+ * extension members a problem may carry, such as `field`). */
+export type Problem = components["schemas"]["Problem"] & { [extension: string]: unknown };
 
 /** The base of every error the client raises for an answer of the server. */
 export class EpisodicError extends Error {

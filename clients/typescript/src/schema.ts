@@ -327,6 +327,132 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/claude-agent/entries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Claude Load Entries
+         * @description The key's entries as appended (``SessionStore.load``).
+         */
+        get: operations["claude_load_entries"];
+        put?: never;
+        /**
+         * Claude Append Entries
+         * @description Append a transcript's entries (``SessionStore.append``).
+         */
+        post: operations["claude_append_entries"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/claude-agent/summary": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Claude Session Summary
+         * @description The TypeScript SDK's summary of a main transcript and the seq it was folded at.
+         */
+        get: operations["claude_session_summary"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/claude-agent/sessions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Claude List Sessions
+         * @description The project's main transcripts and their last write (``listSessions``).
+         */
+        get: operations["claude_list_sessions"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/claude-agent/summaries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Claude List Summaries
+         * @description The TypeScript SDK's summaries of the project's sessions
+         *     (``listSessionSummaries``).
+         */
+        get: operations["claude_list_summaries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/claude-agent/subkeys": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Claude List Subkeys
+         * @description The subpaths written under a session (``listSubkeys``).
+         */
+        get: operations["claude_list_subkeys"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/claude-agent/delete": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Claude Delete Session
+         * @description Erase the key's transcript, a main key's subagent transcripts too, each leaving
+         *     a tombstone (``SessionStore.delete``; operator keys, as every erasure).
+         */
+        post: operations["claude_delete_session"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -718,6 +844,32 @@ export interface components {
             kind: "deletion";
         };
         /**
+         * Entries
+         * @description The key's entries as appended, oldest first; null for a key never written.
+         */
+        Entries: {
+            /** Entries */
+            entries: {
+                [key: string]: components["schemas"]["JsonValue"];
+            }[] | null;
+        };
+        /**
+         * EntriesAppend
+         * @description Entries to append in order (an entry whose ``uuid`` the key holds is not stored
+         *     again), with the caller's summary folded over them at ``at_seq`` (main transcripts).
+         */
+        EntriesAppend: {
+            key: components["schemas"]["SessionKeyBody"];
+            /** Entries */
+            entries: components["schemas"]["SessionEntry"][];
+            /** Summary */
+            summary?: {
+                [key: string]: unknown;
+            } | null;
+            /** At Seq */
+            at_seq?: number | null;
+        };
+        /**
          * EpisodicCompactionPressure
          * @description A conversation's pressure relative to its latest boundary, as the store measures it.
          *
@@ -841,6 +993,16 @@ export interface components {
             alt?: string | null;
         };
         JsonValue: unknown;
+        /** ListedSession */
+        ListedSession: {
+            /** Session Id */
+            session_id: string;
+            /**
+             * Mtime
+             * @description the last write, in epoch milliseconds
+             */
+            mtime: number;
+        };
         /**
          * LoadedContext
          * @description What the next model call should see: the handoff summary and retained user messages
@@ -1123,6 +1285,36 @@ export interface components {
             /** Events */
             events: components["schemas"]["MessageEvent"][];
         };
+        /** SessionDelete */
+        SessionDelete: {
+            key: components["schemas"]["SessionKeyBody"];
+        };
+        /**
+         * SessionEntry
+         * @description One transcript line, kept verbatim: any JSON object (a document: no NUL character)
+         *     with a string ``type``; its ``uuid``, when it has one, is its idempotency key.
+         */
+        SessionEntry: {
+            /** Type */
+            type: string;
+            /** Uuid */
+            uuid?: string | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * SessionKeyBody
+         * @description A transcript's key: the project, the session, and for a subagent's transcript its
+         *     subpath (omitted for the main transcript).
+         */
+        SessionKeyBody: {
+            /** Project Key */
+            project_key: string;
+            /** Session Id */
+            session_id: string;
+            /** Subpath */
+            subpath?: string | null;
+        };
         /**
          * SessionView
          * @description What a framework's session holds: the latest boundary's messages, then every message
@@ -1144,6 +1336,11 @@ export interface components {
             boundary_seq: number | null;
             /** Last Seq */
             last_seq: number;
+        };
+        /** Sessions */
+        Sessions: {
+            /** Sessions */
+            sessions: components["schemas"]["ListedSession"][];
         };
         /**
          * StateChange
@@ -1216,6 +1413,31 @@ export interface components {
              * @default 0
              */
             shards: number;
+        };
+        /** Subkeys */
+        Subkeys: {
+            /** Subkeys */
+            subkeys: string[];
+        };
+        /** Summaries */
+        Summaries: {
+            /** Summaries */
+            summaries: {
+                [key: string]: components["schemas"]["JsonValue"];
+            }[];
+        };
+        /**
+         * Summary
+         * @description The summary kept for the TypeScript SDK and the seq the session is at (both null for
+         *     a session never written).
+         */
+        Summary: {
+            /** Summary */
+            summary: {
+                [key: string]: components["schemas"]["JsonValue"];
+            } | null;
+            /** At Seq */
+            at_seq: number | null;
         };
         /**
          * TextBlock
@@ -3726,6 +3948,697 @@ export interface operations {
                 content: {
                     "application/json": components["schemas"]["Erasure"];
                 };
+            };
+            /** @description no API key, or an unknown or revoked one */
+            401: {
+                headers: {
+                    /** @description Bearer realm="episodic" */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the operation needs an operator key */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no such conversation (or another tenant's) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the write conflicts with the conversation's state */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body or a message is too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is not JSON (send Content-Type: application/json) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the request is invalid */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the database is unreachable or not migrated; see Retry-After */
+            503: {
+                headers: {
+                    /** @description seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    claude_load_entries: {
+        parameters: {
+            query: {
+                project_key: string;
+                session_id: string;
+                subpath?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Entries"];
+                };
+            };
+            /** @description no API key, or an unknown or revoked one */
+            401: {
+                headers: {
+                    /** @description Bearer realm="episodic" */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the operation needs an operator key */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no such conversation (or another tenant's) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the write conflicts with the conversation's state */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body or a message is too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is not JSON (send Content-Type: application/json) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the request is invalid */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the database is unreachable or not migrated; see Retry-After */
+            503: {
+                headers: {
+                    /** @description seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    claude_append_entries: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["EntriesAppend"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description no API key, or an unknown or revoked one */
+            401: {
+                headers: {
+                    /** @description Bearer realm="episodic" */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the operation needs an operator key */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no such conversation (or another tenant's) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the write conflicts with the conversation's state */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body or a message is too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is not JSON (send Content-Type: application/json) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the request is invalid */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the database is unreachable or not migrated; see Retry-After */
+            503: {
+                headers: {
+                    /** @description seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    claude_session_summary: {
+        parameters: {
+            query: {
+                project_key: string;
+                session_id: string;
+                subpath?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Summary"];
+                };
+            };
+            /** @description no API key, or an unknown or revoked one */
+            401: {
+                headers: {
+                    /** @description Bearer realm="episodic" */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the operation needs an operator key */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no such conversation (or another tenant's) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the write conflicts with the conversation's state */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body or a message is too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is not JSON (send Content-Type: application/json) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the request is invalid */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the database is unreachable or not migrated; see Retry-After */
+            503: {
+                headers: {
+                    /** @description seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    claude_list_sessions: {
+        parameters: {
+            query: {
+                project_key: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sessions"];
+                };
+            };
+            /** @description no API key, or an unknown or revoked one */
+            401: {
+                headers: {
+                    /** @description Bearer realm="episodic" */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the operation needs an operator key */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no such conversation (or another tenant's) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the write conflicts with the conversation's state */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body or a message is too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is not JSON (send Content-Type: application/json) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the request is invalid */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the database is unreachable or not migrated; see Retry-After */
+            503: {
+                headers: {
+                    /** @description seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    claude_list_summaries: {
+        parameters: {
+            query: {
+                project_key: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Summaries"];
+                };
+            };
+            /** @description no API key, or an unknown or revoked one */
+            401: {
+                headers: {
+                    /** @description Bearer realm="episodic" */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the operation needs an operator key */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no such conversation (or another tenant's) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the write conflicts with the conversation's state */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body or a message is too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is not JSON (send Content-Type: application/json) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the request is invalid */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the database is unreachable or not migrated; see Retry-After */
+            503: {
+                headers: {
+                    /** @description seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    claude_list_subkeys: {
+        parameters: {
+            query: {
+                project_key: string;
+                session_id: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Subkeys"];
+                };
+            };
+            /** @description no API key, or an unknown or revoked one */
+            401: {
+                headers: {
+                    /** @description Bearer realm="episodic" */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the operation needs an operator key */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no such conversation (or another tenant's) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the write conflicts with the conversation's state */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body or a message is too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is not JSON (send Content-Type: application/json) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the request is invalid */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the database is unreachable or not migrated; see Retry-After */
+            503: {
+                headers: {
+                    /** @description seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    claude_delete_session: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SessionDelete"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
             /** @description no API key, or an unknown or revoked one */
             401: {
