@@ -1,7 +1,7 @@
 /** EpisodicSessionStore against the SessionStore contracts the Claude Agent SDK documents,
  * with the SDK's own InMemorySessionStore as the oracle: the same calls on both give the same
- * answers (mtimes aside). Claude Code compacts its transcripts itself (its compact_boundary
- * entries): here episodic is the durable, shared, erasable mirror, as in Python. */
+ * answers (mtimes aside); and the worker's compaction of a transcript's conversation (Claude
+ * Code compacts on its own, but the worker may too) changes nothing `load` gives back. */
 
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
@@ -10,9 +10,9 @@ import { InMemorySessionStore, type SessionKey, type SessionStoreEntry } from "@
 
 import { EpisodicSessionStore } from "../src/claude-agent-sdk.js";
 import { OperatorRequiredError } from "../src/index.js";
-import { client, operator } from "./support.js";
+import { client, operator, waitForBoundary } from "./support.js";
 
-const FILLER = "The reconcile job posts refund entries twice after a restart. ".repeat(3);
+const FILLER = "The reconcile job posts refund entries twice after a restart. ".repeat(6);
 
 function line(type: string, uuid: string | undefined, text: string, extra: Record<string, unknown> = {}): SessionStoreEntry {
   return {
@@ -109,5 +109,26 @@ describe("Claude Agent SDK SessionStore", () => {
     assert.equal(await ours.load(sub), null);
     assert.deepEqual(await ours.listSessions(projectKey), []);
     await ours.delete({ projectKey, sessionId: "never-written" }); // nothing to delete
+  });
+
+  test("the worker compacting the transcript's conversation changes nothing load gives back", async () => {
+    const { ours } = stores();
+    const sessionId = crypto.randomUUID();
+    const key = { projectKey: `/p/${crypto.randomUUID()}`, sessionId };
+    // ends with the assistant's answer: the run is at rest, the worker may cut through it all
+    const entries = [...transcript(12, "c"), line("assistant", "c-end", `All fixed. ${FILLER}`)];
+    await ours.append(key, entries);
+    const c = client();
+    const page = await c.listConversations({ limit: 1000 });
+    const found = page.items.find(
+      (item) => (item.metadata.claude_agent as { session_id?: string } | undefined)?.session_id === sessionId,
+    );
+    assert.ok(found, "the transcript's conversation is listed");
+    // 13 user turns: past the server's trigger (8 unfinished turns), the worker compacts it
+    await waitForBoundary(c, found.conversation_id, null);
+    assert.deepEqual(await ours.load(key), entries);
+    const after = line("user", "c-after", "after the compaction");
+    await ours.append(key, [after]);
+    assert.deepEqual(await ours.load(key), [...entries, after]);
   });
 });

@@ -7,6 +7,7 @@ import { describe, test } from "node:test";
 import {
   AuthenticationError,
   ConflictError,
+  DuplicateToolCallError,
   EpisodicClient,
   EpisodicError,
   ERROR_CLASSES,
@@ -22,6 +23,7 @@ import {
   OrphanToolResultError,
   OverloadedError,
   retryAfterMs,
+  ToolPairingError,
   UnsupportedMediaTypeError,
   ValidationError,
 } from "../src/index.js";
@@ -212,6 +214,18 @@ describe("typed errors", () => {
       OrphanToolResultError,
       422,
     );
+  });
+
+  test("a call id used twice: DuplicateToolCallError, a ToolPairingError", async () => {
+    const c = client();
+    const id = await conversation(c);
+    const call = { id: "same", name: "run", args: {} };
+    const error = await rejects(
+      c.append(id, [{ role: "assistant", content: null, tool_calls: [call, call] }]),
+      DuplicateToolCallError,
+      422,
+    );
+    assert.ok(error instanceof ToolPairingError && error instanceof ValidationError);
   });
 
   test("the same key for another batch: IdempotencyMismatchError", async () => {
