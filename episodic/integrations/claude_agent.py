@@ -221,9 +221,14 @@ class EpisodicSessionStore(SessionStore):
             )
         except NotFoundError:
             await self._create(cid, key)
-            # a first write folds onto nothing: the session was empty when it was read
+            # a first write's summary folds onto nothing: it is written only while the
+            # session is still empty; entries without a summary (a subpath) go in as they come
             await self.store.append(
-                cid, messages, expected_seq=0, state=state, touched_at=touched_at
+                cid,
+                messages,
+                expected_seq=0 if summary is not None else None,
+                state=state,
+                touched_at=touched_at,
             )
 
     async def _create(self, cid: UUID, key: SessionKey) -> None:

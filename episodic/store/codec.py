@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 from uuid import UUID
 
 import orjson
+from pydantic import TypeAdapter
 from pydantic_core import to_json
 
 from episodic.errors import ValidationError
@@ -339,8 +340,12 @@ class StoredMessage:
     def episodic_json(self) -> str:
         """The message's JSON in episodic's format (its model dumped without nulls): the
         stored text, which is the model's stored fields, with the fields the store sets in
-        front and the fields a payload leaves out when empty at their defaults."""
+        front and the fields a payload leaves out when empty at their defaults. A payload
+        not in that form (an import keeps a file's payload as the file had it: nulls, keys
+        no field has) is dumped from its model instead."""
         body = self.body
+        if not _spliceable(body):
+            return MESSAGE_ADAPTER.dump_json(self.message(), exclude_none=True).decode()
         empty = (
             _ALL_EMPTY_JSON
             if body.keys().isdisjoint(LEFT_OUT_WHEN_EMPTY)
@@ -350,6 +355,27 @@ class StoredMessage:
             f'{{"seq":{self.seq},"created_at":{self._created_json},'
             f'"token_estimate":{self.token_estimate},{empty}{self.payload[1:]}'
         )
+
+
+def _spliceable(body: dict[str, Any]) -> bool:
+    """``body`` is a message's stored fields as the store writes them: only message fields
+    the store does not set, and no nulls at the top or in a block or a call (which the
+    model's dump would leave out)."""
+    if not body.keys() <= _PAYLOAD_FIELDS or None in body.values():
+        return False
+    content = body.get("content")
+    if content.__class__ is list and any(
+        None in block.values() for block in content if isinstance(block, dict)
+    ):
+        return False
+    calls = body.get("tool_calls")
+    return not calls or not any(None in call.values() for call in calls if isinstance(call, dict))
+
+
+#: the fields a stored payload may hold: the message's, less those the store sets
+_PAYLOAD_FIELDS = frozenset(Message.model_fields) - {"seq", "created_at", "token_estimate"}
+#: a message's JSON (``dump_json``), for what is not spliced
+MESSAGE_ADAPTER = TypeAdapter(Message)
 
 
 class CallRef(NamedTuple):

@@ -13,12 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from uuid import UUID
 
-from pydantic import TypeAdapter
-
 from episodic.models import Message
-from episodic.store.codec import StoredMessage
-
-_MESSAGE = TypeAdapter(Message)
+from episodic.store.codec import MESSAGE_ADAPTER, StoredMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +37,7 @@ class StoredContext:
             + ",".join(
                 message.episodic_json()
                 if isinstance(message, StoredMessage)
-                else _MESSAGE.dump_json(message, exclude_none=True).decode()
+                else MESSAGE_ADAPTER.dump_json(message, exclude_none=True).decode()
                 for message in self.messages
             )
             + "]"

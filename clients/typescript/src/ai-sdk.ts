@@ -79,7 +79,9 @@ export class EpisodicChat {
   /** Save what a call produced: its response messages, with its usage (the provider's count,
    * which the compaction trigger weighs). */
   async save(call: FinishedCall): Promise<Appended | undefined> {
-    return this.add(call.response.messages, call.totalUsage ?? call.usage);
+    // the last step's usage: its input tokens are the context the model last saw, which is
+    // what the pressure weighs (totalUsage sums every step of a tool loop)
+    return this.add(call.response.messages, call.usage ?? call.totalUsage);
   }
 
   /** `save`, bound, for the SDK's `onFinish` (which the SDK awaits):
@@ -106,8 +108,10 @@ export function storedMessagesOf(message: ModelMessage): NewMessage[] {
       return [{ role: "user", content: textOf(message.content), native }];
     case "assistant": {
       const parts: Part[] = typeof message.content === "string" ? [{ type: "text", text: message.content }] : (message.content as Part[]);
+      // a provider-executed call (a hosted web search) has its result in this message: it
+      // is no call waiting for a tool message, so it stays in the saved message only
       const calls = parts
-        .filter((part) => part.type === "tool-call")
+        .filter((part) => part.type === "tool-call" && part.providerExecuted !== true)
         .map((part) => ({ id: String(part.toolCallId), name: String(part.toolName), args: argsOf(part.input) }));
       const reasoning = parts
         .filter((part) => part.type === "reasoning")

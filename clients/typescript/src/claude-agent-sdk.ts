@@ -129,6 +129,6 @@ export class EpisodicSessionStore implements SessionStore {
 
 function wire(key: SessionKey): Key {
   const out: Key = { project_key: key.projectKey, session_id: key.sessionId };
-  if (key.subpath !== undefined) out.subpath = key.subpath;
+  if (key.subpath) out.subpath = key.subpath; // "" is the main transcript, as in append
   return out;
 }

@@ -223,6 +223,8 @@ export class EpisodicClient {
    * retraction; `retracted` is null when none was in view. Not retried after a lost answer:
    * each call takes back one more. */
   async retractLast(conversationId: string): Promise<Retracted> {
+    // the conversation moves on and the answer has no ETag: forget the one seen
+    this.#etags.delete(conversationId);
     return (
       await this.#request<Retracted>("POST", `/v1/conversations/${enc(conversationId)}/retract-last`, {
         retry: "shed-only",
@@ -232,6 +234,7 @@ export class EpisodicClient {
 
   /** Empty the view (a session's clear): the log keeps everything, with a clear. */
   async clear(conversationId: string): Promise<Cleared> {
+    this.#etags.delete(conversationId); // as retractLast: no ETag comes back
     return (
       await this.#request<Cleared>("POST", `/v1/conversations/${enc(conversationId)}/clear`, {
         retry: "shed-only",
@@ -316,18 +319,27 @@ export class EpisodicClient {
   /** The whole log as episodic's export records, streamed line by line (NDJSON). */
   async *exportConversation(conversationId: string): AsyncGenerator<ExportRecord> {
     const path = `/v1/conversations/${enc(conversationId)}/export`;
-    const response = await this.#send("GET", path, { retry: "safe" }, "application/x-ndjson");
+    const { response, done } = await this.#send("GET", path, { retry: "safe" }, "application/x-ndjson");
+    done(); // a long export streams for as long as it takes
     if (response.body === null) return;
     let buffered = "";
+    let searched = 0; // where the buffer holds no newline: a long line is scanned once
     const decoder = new TextDecoder();
-    for await (const chunk of response.body as unknown as AsyncIterable<Uint8Array>) {
-      buffered += decoder.decode(chunk, { stream: true });
-      let newline: number;
-      while ((newline = buffered.indexOf("\n")) >= 0) {
-        const line = buffered.slice(0, newline);
-        buffered = buffered.slice(newline + 1);
-        if (line.trim()) yield JSON.parse(line) as ExportRecord;
+    try {
+      for await (const chunk of response.body as unknown as AsyncIterable<Uint8Array>) {
+        buffered += decoder.decode(chunk, { stream: true });
+        let newline: number;
+        while ((newline = buffered.indexOf("\n", searched)) >= 0) {
+          const line = buffered.slice(0, newline);
+          buffered = buffered.slice(newline + 1);
+          searched = 0;
+          if (line.trim()) yield JSON.parse(line) as ExportRecord;
+        }
+        searched = buffered.length;
       }
+    } catch (cause) {
+      if (cause instanceof SyntaxError) throw cause;
+      throw new NetworkError(`GET ${path}: the export was cut: ${describe(cause)}`, `GET ${path}`, { cause });
     }
     buffered += decoder.decode();
     if (buffered.trim()) yield JSON.parse(buffered) as ExportRecord;
@@ -405,22 +417,39 @@ export class EpisodicClient {
     return seen;
   }
 
+  /** Keep the newest ETag seen for a conversation (an answer that arrives late, or a replayed
+   * append's, carries an older seq and does not move it back). */
   #remember(conversationId: string | undefined, headers: Headers): void {
     const tag = headers.get("etag");
-    if (conversationId !== undefined && tag !== null) this.#etags.set(conversationId, tag);
+    if (conversationId === undefined || tag === null) return;
+    const seen = this.#etags.get(conversationId);
+    if (seen === undefined || seqOf(tag) >= seqOf(seen)) this.#etags.set(conversationId, tag);
   }
 
   async #request<T>(method: string, path: string, init: RequestInit): Promise<Answer<T>> {
-    const response = await this.#send(method, path, init, JSON_TYPE);
+    const { response, done } = await this.#send(method, path, init, JSON_TYPE);
+    let text: string;
+    try {
+      text = await response.text();
+    } catch (cause) {
+      throw new NetworkError(`${method} ${path}: the answer was cut: ${describe(cause)}`, `${method} ${path}`, { cause });
+    } finally {
+      done();
+    }
     this.#remember(init.conversation, response.headers);
-    const text = await response.text();
     const body = (text ? JSON.parse(text) : undefined) as T;
     return { status: response.status, body, headers: response.headers };
   }
 
   /** One request, retried as `init.retry` allows; a response that is not 2xx (or a 304)
-   * becomes its typed error. */
-  async #send(method: string, path: string, init: RequestInit, accept: string): Promise<Response> {
+   * becomes its typed error. The attempt's timeout runs until `done` is called: after the
+   * body is read, or (a stream) once its headers have come. */
+  async #send(
+    method: string,
+    path: string,
+    init: RequestInit,
+    accept: string,
+  ): Promise<{ response: Response; done: () => void }> {
     const url = new URL(this.baseUrl + path);
     for (const [name, value] of Object.entries(init.query ?? {})) {
       if (value !== undefined) url.searchParams.set(name, String(value));
@@ -438,14 +467,18 @@ export class EpisodicClient {
     const request = `${method} ${path}`;
     for (let attempt = 0; ; attempt++) {
       let response: Response;
+      const controller = new AbortController();
+      const timer = setTimeout(() => controller.abort(new Error(`no answer in ${this.#timeoutMs} ms`)), this.#timeoutMs);
+      const done = () => clearTimeout(timer);
       try {
         response = await this.#fetch(url, {
           method,
           headers,
           ...(payload !== undefined ? { body: payload } : {}),
-          signal: AbortSignal.timeout(this.#timeoutMs),
+          signal: controller.signal,
         });
       } catch (cause) {
+        done();
         const error = new NetworkError(`${request} got no answer: ${describe(cause)}`, request, { cause });
         if (init.retry === "safe" && attempt < this.#retries) {
           await sleep(this.#backoff(attempt));
@@ -453,8 +486,15 @@ export class EpisodicClient {
         }
         throw error;
       }
-      if (response.ok || response.status === 304) return response;
-      const text = await response.text();
+      if (response.ok || response.status === 304) return { response, done };
+      let text = "";
+      try {
+        text = await response.text();
+      } catch {
+        // the error's body was cut: its status still says what it was
+      } finally {
+        done();
+      }
       let parsed: unknown;
       try {
         parsed = text ? JSON.parse(text) : undefined;
@@ -493,6 +533,12 @@ export function retryAfterMs(value: string | null): number | undefined {
   if (Number.isFinite(seconds)) return Math.max(0, seconds * 1000);
   const at = Date.parse(value);
   return Number.isNaN(at) ? undefined : Math.max(0, at - Date.now());
+}
+
+/** An ETag's seq (`"12"` or `W/"12"`), -1 when it has none. */
+function seqOf(tag: string): number {
+  const digits = /(\d+)/.exec(tag);
+  return digits ? Number(digits[1]) : -1;
 }
 
 function enc(segment: string): string {

@@ -9,7 +9,7 @@ export function messageText(message: Message): string {
   return content
     .map((block) => {
       if (block.type === "text") return block.text;
-      if (block.type === "image") return block.alt ?? "[image]";
+      if (block.type === "image") return block.alt || "[image]";
       return `[${String(block.data.type ?? "attachment")}]`;
     })
     .join("\n");

@@ -4,6 +4,10 @@ export async function uuid5(namespace: string, name: string): Promise<string> {
   const hex = namespace.replace(/-/g, "");
   if (!/^[0-9a-f]{32}$/i.test(hex)) throw new TypeError(`not a UUID: ${namespace}`);
   const space = Uint8Array.from(hex.match(/../g) ?? [], (byte) => parseInt(byte, 16));
+  // a lone surrogate would be encoded as U+FFFD, and two names would be one (Python refuses)
+  if (/[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/.test(name)) {
+    throw new TypeError("a name with a lone surrogate has no UTF-8 form");
+  }
   const encoded = new TextEncoder().encode(name);
   const data = new Uint8Array(space.length + encoded.length);
   data.set(space);

@@ -246,6 +246,21 @@ describe("typed errors", () => {
     await assert.rejects(client().append(UNKNOWN, [userMessage("x")], { ifMatch: true }), TypeError);
   });
 
+  test("the ETag kept is the newest seen; a pop or a clear forgets it", async () => {
+    const c = client();
+    const id = await conversation(c);
+    await c.append(id, [userMessage("a")], { idempotencyKey: "one" });
+    await c.append(id, [userMessage("b")]);
+    assert.equal(c.lastETag(id), '"2"');
+    await c.append(id, [userMessage("a")], { idempotencyKey: "one" }); // replayed: its ETag is "1"
+    assert.equal(c.lastETag(id), '"2"');
+    await c.retractLast(id);
+    assert.equal(c.lastETag(id), undefined);
+    await assert.rejects(c.append(id, [userMessage("c")], { ifMatch: true }), TypeError);
+    await c.getConversation(id);
+    await c.append(id, [userMessage("c")], { ifMatch: true }); // the head's ETag, read again
+  });
+
   test("unpin of a message never pinned: NotPinnedError", async () => {
     const c = client();
     const id = await conversation(c);
