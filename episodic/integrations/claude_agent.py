@@ -107,7 +107,7 @@ class EpisodicSessionStore(SessionStore):
         for _ in range(MAX_FOLD_ATTEMPTS):
             try:
                 if key.get("subpath"):
-                    write = self._unfolded(cid, key)
+                    write = self._writing(cid, key)
                 else:
                     write = await self._folded_here(cid, key)
                 await _each_once(_unique_by_uuid(entries), write)
@@ -138,9 +138,9 @@ class EpisodicSessionStore(SessionStore):
         _check_key(key)
         cid = key_conversation_id(key, self.tenant_id)
         if summary is None or key.get("subpath"):
-            write = self._unfolded(cid, key)
+            write = self._writing(cid, key)
         else:
-            write = self._with_summary(cid, key, summary, at_seq, state_key)
+            write = self._writing(cid, key, summary=summary, at_seq=at_seq, state_key=state_key)
         await _each_once(_unique_by_uuid(entries), write)
 
     async def read_summary(
@@ -156,9 +156,21 @@ class EpisodicSessionStore(SessionStore):
         previous = snapshot.conversation.get(state_key)
         return (previous if isinstance(previous, dict) else None), snapshot.last_seq
 
-    def _unfolded(self, cid: UUID, key: SessionKey) -> _Write:
+    def _writing(
+        self,
+        cid: UUID,
+        key: SessionKey,
+        *,
+        summary: dict[str, JsonValue] | None = None,
+        at_seq: int | None = None,
+        state_key: str = SUMMARY_STATE_KEY,
+    ) -> _Write:
+        """A write of entries, with ``summary`` (already folded) when there is one."""
+
         async def write(entries: list[SessionStoreEntry]) -> None:
-            await self._append(cid, key, entries, summary=None, at_seq=None)
+            await self._append(
+                cid, key, entries, summary=summary, at_seq=at_seq, state_key=state_key
+            )
 
         return write
 
@@ -175,21 +187,6 @@ class EpisodicSessionStore(SessionStore):
             )
             await self._append(
                 cid, key, entries, summary=cast(dict[str, JsonValue], summary), at_seq=at_seq
-            )
-
-        return write
-
-    def _with_summary(
-        self,
-        cid: UUID,
-        key: SessionKey,
-        summary: dict[str, JsonValue],
-        at_seq: int | None,
-        state_key: str,
-    ) -> _Write:
-        async def write(entries: list[SessionStoreEntry]) -> None:
-            await self._append(
-                cid, key, entries, summary=summary, at_seq=at_seq, state_key=state_key
             )
 
         return write

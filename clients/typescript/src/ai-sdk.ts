@@ -18,7 +18,8 @@
 import type { LanguageModelUsage, ModelMessage } from "ai";
 
 import type { Appended, EpisodicClient, Message, NewMessage, NewUsage } from "./client.js";
-import { ConflictError, ErasedConversationError, NotFoundError } from "./errors.js";
+import { NotFoundError } from "./errors.js";
+import { appendToSession } from "./sessions.js";
 import { messageText } from "./text.js";
 
 /** The `native` protocol of a message this module stored. */
@@ -60,20 +61,9 @@ export class EpisodicChat {
    * first write. */
   async add(messages: ModelMessage[], usage?: LanguageModelUsage): Promise<Appended | undefined> {
     if (messages.length === 0) return undefined;
-    const batch = messages.flatMap(storedMessagesOf);
-    const key = crypto.randomUUID();
-    const options = { idempotencyKey: key, ...(usage ? { usage: usageOf(usage) } : {}) };
-    try {
-      return await this.client.append(this.conversationId, batch, options);
-    } catch (error) {
-      if (!(error instanceof NotFoundError)) throw error;
-      try {
-        await this.client.createConversation({ conversationId: this.conversationId });
-      } catch (created) {
-        if (created instanceof ErasedConversationError || !(created instanceof ConflictError)) throw created;
-      }
-      return await this.client.append(this.conversationId, batch, options);
-    }
+    return appendToSession(this.client, this.conversationId, messages.flatMap(storedMessagesOf), {
+      ...(usage ? { usage: usageOf(usage) } : {}),
+    });
   }
 
   /** Save what a call produced: its response messages, with its usage (the provider's count,

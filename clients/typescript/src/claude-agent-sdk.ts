@@ -24,7 +24,7 @@ import {
 } from "@anthropic-ai/claude-agent-sdk";
 
 import type { EpisodicClient } from "./client.js";
-import { ConflictError } from "./errors.js";
+import { ConflictError, ErasedConversationError } from "./errors.js";
 
 /** How many times an append folds again after losing a race for the same session. */
 export const MAX_FOLD_ATTEMPTS = 50;
@@ -71,7 +71,7 @@ export class EpisodicSessionStore implements SessionStore {
         });
         return;
       } catch (error) {
-        if (!(error instanceof ConflictError) || error.name === "ErasedConversationError") throw error;
+        if (!(error instanceof ConflictError) || error instanceof ErasedConversationError) throw error;
         // another append to the session won: fold on top of it
       }
     }

@@ -19,7 +19,8 @@
 import type { AgentInputItem, Session } from "@openai/agents-core";
 
 import type { ConversationMetadata, EpisodicClient, Message, NewMessage } from "./client.js";
-import { ConflictError, ErasedConversationError, NotFoundError } from "./errors.js";
+import { NotFoundError } from "./errors.js";
+import { appendToSession } from "./sessions.js";
 import { messageText } from "./text.js";
 import { uuid5 } from "./uuid.js";
 
@@ -89,16 +90,9 @@ export class EpisodicSession implements Session {
   /** Store the items, in order, in one append (the conversation is made by the first). */
   async addItems(items: AgentInputItem[]): Promise<void> {
     if (items.length === 0) return;
-    const id = await this.conversationId();
-    const messages = items.map(messageOf);
-    const key = crypto.randomUUID(); // one key for the batch, across the create-then-retry
-    try {
-      await this.client.append(id, messages, { idempotencyKey: key });
-    } catch (error) {
-      if (!(error instanceof NotFoundError)) throw error;
-      await this.#create(id);
-      await this.client.append(id, messages, { idempotencyKey: key });
-    }
+    await appendToSession(this.client, await this.conversationId(), items.map(messageOf), {
+      metadata: this.metadata,
+    });
   }
 
   /** Take back the newest item in view and return it (undefined when there is none): a
@@ -119,15 +113,6 @@ export class EpisodicSession implements Session {
       await this.client.clear(await this.conversationId());
     } catch (error) {
       if (!(error instanceof NotFoundError)) throw error;
-    }
-  }
-
-  async #create(id: string): Promise<void> {
-    try {
-      await this.client.createConversation({ conversationId: id, metadata: this.metadata });
-    } catch (error) {
-      // an erased session stays erased; a concurrent first write may have made it meanwhile
-      if (error instanceof ErasedConversationError || !(error instanceof ConflictError)) throw error;
     }
   }
 }
