@@ -10,10 +10,10 @@ messages, so they cannot pile up.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from typing import Annotated, Self
+from collections.abc import Collection, Mapping, Sequence
+from typing import Annotated, Any, Self, get_args
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from episodic.models import EpisodicModel, Message, TextBlock
 from episodic.notes import (
@@ -143,6 +143,41 @@ class HandoffState(EpisodicModel):
 
     notes: tuple[Note, ...] = ()
     worklog: WorkLog = WorkLog()
+
+    @classmethod
+    def from_stored(cls, stored: Mapping[str, Any]) -> HandoffState:
+        """The state a boundary holds, read as a tolerant reader: fields this release does
+        not know (a newer release wrote the boundary, during a rolling upgrade) are left
+        out, not refused."""
+        return cls.model_validate(_known_fields(cls, stored))
+
+    def stored(self) -> dict[str, Any]:
+        """The JSON to store: fields at their defaults left out, so that a release that
+        does not know a new field reads what this one writes until the field has a value
+        (ARCHITECTURE.md, "Changing the database")."""
+        return self.model_dump(mode="json", exclude_defaults=True)
+
+
+def _known_fields(model: type[BaseModel], data: Any) -> Any:
+    """``data`` without the keys ``model`` (and the models in its fields) does not declare."""
+    if not isinstance(data, Mapping):
+        return data
+    known = {}
+    for name, value in data.items():
+        field = model.model_fields.get(name)
+        if field is not None:
+            known[name] = _known_in(field.annotation, value)
+    return known
+
+
+def _known_in(annotation: Any, value: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return _known_fields(annotation, value)
+    if isinstance(value, list):
+        items = [arg for arg in get_args(annotation) if arg is not Ellipsis]
+        if len(items) == 1:
+            return [_known_in(items[0], item) for item in value]
+    return value
 
 
 class CompactionRequest(EpisodicModel):

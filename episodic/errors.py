@@ -273,6 +273,15 @@ class DatabaseUnavailableError(TransientDatabaseError):
         self.url = url
 
 
+class StorageFullError(TransientDatabaseError):
+    """The database server ran out of disk space for episodic's tables (PostgreSQL's
+    SQLSTATE 53100 ``disk_full``, SQLite's "database or disk is full"). The write was
+    rolled back, so nothing of it was stored. Appends resume by themselves once space is
+    freed on the server's data volume: retry later (with the same idempotency key), not in
+    a tight loop. The compaction worker treats it as transient: it backs off and never
+    marks a conversation dead for it."""
+
+
 class OverloadedError(EpisodicError):
     """``episodic serve`` already had ``limit`` requests in flight (its
     ``EPISODIC_SERVER_MAX_INFLIGHT``) and none ended within its queue timeout: the request
@@ -345,6 +354,7 @@ __all__ = [
     "OrphanToolResultError",
     "OverloadedError",
     "SchemaNotMigratedError",
+    "StorageFullError",
     "TenantDeniedError",
     "ToolPairingError",
     "TransientDatabaseError",

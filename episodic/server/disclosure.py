@@ -33,6 +33,11 @@ PUBLIC_DETAILS: tuple[tuple[type[errors.EpisodicError], str], ...] = (
     (errors.DatabaseUnavailableError, "the database cannot be reached; retry later"),
     (errors.LockTimeoutError, "the database is busy; nothing was written; retry later"),
     (
+        errors.StorageFullError,
+        "the database server is out of disk space; nothing was written; retry (a write with "
+        "the same Idempotency-Key) once its operator has freed space",
+    ),
+    (
         errors.TransientDatabaseError,
         "the database failed for a moment; retry (a write with the same Idempotency-Key)",
     ),

@@ -20,6 +20,7 @@ from episodic.errors import (
     IntegrityViolationError,
     LockTimeoutError,
     SchemaNotMigratedError,
+    StorageFullError,
     TenantDeniedError,
     TransientDatabaseError,
     ValidationError,
@@ -27,7 +28,16 @@ from episodic.errors import (
 
 #: Connection lost or refused, server shutting down, serialization failure, deadlock.
 TRANSIENT_SQLSTATE_CLASSES = ("08", "57P")
-TRANSIENT_SQLSTATES = {"40001", "40P01", "53300", "57014"}
+#: (25006, read-only transaction: the server this connection reached is a standby now; the
+#: pool drops the connection (postgres/pool.py) and the next one finds the writable host.)
+TRANSIENT_SQLSTATES = {"40001", "40P01", "53300", "57014", "25006"}
+#: disk_full: PostgreSQL could not extend a table's file or write a temporary one; the
+#: statement's transaction is rolled back, so nothing was written. (A full WAL volume is no
+#: error but a PANIC: the server restarts and clients see a dropped connection.)
+DISK_FULL = "53100"
+#: insufficient_resources, out_of_memory: the server is short of memory (or of another
+#: resource) for a moment.
+RESOURCE_SHORTAGE_SQLSTATES = {"53000", "53200"}
 LOCK_NOT_AVAILABLE = "55P03"
 NOT_MIGRATED_SQLSTATES = {"42P01", "42883"}  # undefined table, undefined function
 PRIVILEGE_SQLSTATE = "42501"
@@ -48,7 +58,19 @@ CONNECTION_REFUSALS = {
 #: its input first; these catch what slips past, such as a sum of bounded counts overflowing.
 UNSTORABLE_SQLSTATES = {"22021", "22P05", "22003", "22008"}
 
+#: asyncpg's error when every host of a multi-host URL answered but none was what
+#: ``target_session_attrs`` asks for (all standbys, say, while one is being promoted)
+_NO_HOST_MATCHES = "TargetServerAttributeNotMatched"
+_NOT_WRITABLE = (
+    "no host in the URL was reachable and writable; during a failover this lasts until a "
+    "standby is promoted (retry), otherwise check that the primary is running and named in "
+    "the URL"
+)
 _NOT_MIGRATED = "the episodic schema is missing or out of date: run `episodic migrate`"
+_DISK_FULL = (
+    "the database server is out of disk space ({said}); nothing was written: free space on "
+    "the volume that holds the database's data (or grow it), and writes resume by themselves"
+)
 _UNREACHABLE = (
     "check the host and port in the URL (EPISODIC_DATABASE_URL or --database-url) and that "
     "the server is running and accepts TCP connections"
@@ -80,6 +102,24 @@ def _one_line(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+def _server_said(exc: BaseException) -> str:
+    """What the server said, on one line, without the statement SQLAlchemy adds: the message
+    of the driver's own error (the innermost one in ``exc``'s chain with a SQLSTATE)."""
+    seen: set[int] = set()
+    found: BaseException = exc
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(getattr(current, "sqlstate", None), str):
+            found = current
+        orig = getattr(current, "orig", None)
+        current = (
+            orig if isinstance(orig, BaseException) else current.__cause__ or current.__context__
+        )
+    message = getattr(found, "message", None)  # asyncpg's: without the HINT line
+    return " ".join(message.split()) if isinstance(message, str) and message else _one_line(found)
+
+
 def connection_refused(exc: BaseException, url: str) -> DatabaseUnavailableError | None:
     """``exc``, raised while opening a connection to ``url`` (masked), as the error that says
     what to do about it; None when it is not a refusal of the connection (the caller then
@@ -92,6 +132,13 @@ def connection_refused(exc: BaseException, url: str) -> DatabaseUnavailableError
             return None
         return DatabaseUnavailableError(
             f"cannot connect to {url}: {_one_line(exc)}; {advice}", url=url
+        )
+    several = "," in url.partition("://")[2].partition("/")[0]
+    if type(exc).__name__ == _NO_HOST_MATCHES or (several and isinstance(exc, OSError)):
+        # (The error is the last host's; an earlier one may have been down or a standby.)
+        what = "no answer in time" if isinstance(exc, TimeoutError) else _one_line(exc)
+        return DatabaseUnavailableError(
+            f"cannot connect to {url}: {what}; {_NOT_WRITABLE}", url=url
         )
     if isinstance(exc, TimeoutError):
         return DatabaseUnavailableError(
@@ -145,11 +192,17 @@ def _translate(exc: BaseException, url: str | None) -> BaseException | None:
             )
         if state in UNSTORABLE_SQLSTATES:
             return ValidationError(f"the database cannot store this input: {exc}")
+        if state == DISK_FULL:
+            return StorageFullError(_DISK_FULL.format(said=_server_said(exc)))
         if state == LOCK_NOT_AVAILABLE:
             return LockTimeoutError(f"gave up waiting for a lock held by another session: {exc}")
         if state == PRIVILEGE_SQLSTATE:
             return TenantDeniedError(f"the database refused this operation: {exc}")
-        if state in TRANSIENT_SQLSTATES or state.startswith(TRANSIENT_SQLSTATE_CLASSES):
+        if (
+            state in TRANSIENT_SQLSTATES
+            or state in RESOURCE_SHORTAGE_SQLSTATES
+            or state.startswith(TRANSIENT_SQLSTATE_CLASSES)
+        ):
             return TransientDatabaseError(f"transient database failure ({state}): {exc}")
         return None
     orig = getattr(exc, "orig", exc)
@@ -157,6 +210,8 @@ def _translate(exc: BaseException, url: str | None) -> BaseException | None:
         text = str(orig)
         if "no such table" in text:
             return SchemaNotMigratedError(f"{_NOT_MIGRATED} ({text})", revision=None, expected=None)
+        if "database or disk is full" in text:
+            return StorageFullError(_DISK_FULL.format(said=f"SQLite: {text}"))
         if "locked" in text or "busy" in text:
             return TransientDatabaseError(f"SQLite database is busy: {text}")
         if "unable to open" in text:

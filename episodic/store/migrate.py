@@ -95,10 +95,30 @@ async def upgrade_to_head(
         return await connection.run_sync(_upgrade, citus_shard_count)
 
 
-def check_revision(revision: str | None, *, where: str) -> None:
-    """Raise :class:`SchemaNotMigratedError`, saying what to do, unless the database at
-    ``where`` (a masked URL) is at :data:`HEAD_REVISION`."""
+def _number(revision: str) -> int | None:
+    prefix = revision.partition("_")[0]
+    return int(prefix) if prefix.isdigit() else None
+
+
+def runs_on(revision: str | None) -> bool:
+    """Whether this release runs on a schema at ``revision``: its own head, or the next
+    migration's. A migration never breaks the release before it (expand, deploy, contract
+    in a later release: ARCHITECTURE.md; tests/reliability/test_t17_rolling_upgrade.py
+    holds every migration to it), so during a rolling upgrade a process of this release
+    that starts after ``episodic migrate`` ran still works."""
     if revision == HEAD_REVISION:
+        return True
+    if revision is None or revision in REVISIONS:
+        return False
+    ours, theirs = _number(HEAD_REVISION), _number(revision)
+    return ours is not None and theirs == ours + 1
+
+
+def check_revision(revision: str | None, *, where: str) -> None:
+    """Raise :class:`SchemaNotMigratedError`, saying what to do, unless this release runs on
+    the database at ``where`` (a masked URL): it is at :data:`HEAD_REVISION`, or one
+    migration ahead (:func:`runs_on`)."""
+    if runs_on(revision):
         return
     if revision is None:
         problem = "has no episodic schema"
@@ -108,7 +128,8 @@ def check_revision(revision: str | None, *, where: str) -> None:
         advice = "run `episodic migrate` (or store.migrate()) to upgrade it"
     else:
         problem = (
-            f"has the episodic schema at revision {revision}, which this episodic does not know"
+            f"has the episodic schema at revision {revision}, more than one migration ahead "
+            f"of this episodic's {HEAD_REVISION} (or not one of episodic's)"
         )
         advice = "upgrade the episodic package to the version that migrated it"
     raise SchemaNotMigratedError(
@@ -123,5 +144,6 @@ __all__ = [
     "alembic_config",
     "check_revision",
     "migrations_directory",
+    "runs_on",
     "upgrade_to_head",
 ]

@@ -6,7 +6,8 @@ else surfaces the :class:`TransientDatabaseError` at once: the caller knows whet
 may be repeated, the store does not. Conflicts are never retried, and neither are lock
 timeouts: the session holding the lock most likely still holds it, and the caller chose how
 long it would wait (``lock_timeout_ms``); nor a database that refuses new connections, which a
-few milliseconds do not fix (a wrong password, a server that is down).
+few milliseconds do not fix (a wrong password, a server that is down), nor one out of disk
+space (until someone frees some).
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from episodic.errors import DatabaseUnavailableError, LockTimeoutError, TransientDatabaseError
+from episodic.errors import (
+    DatabaseUnavailableError,
+    LockTimeoutError,
+    StorageFullError,
+    TransientDatabaseError,
+)
 
 #: Transient failures that a retry within milliseconds does not cure.
-_NOT_RETRIED = (LockTimeoutError, DatabaseUnavailableError)
+_NOT_RETRIED = (LockTimeoutError, DatabaseUnavailableError, StorageFullError)
 
 T = TypeVar("T")
 

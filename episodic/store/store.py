@@ -80,7 +80,7 @@ from episodic.store.connect import open_backend
 from episodic.store.due import check_overrides, pressure_from
 from episodic.store.engine import parse_database_url
 from episodic.store.erasure import Erasure, check_reason
-from episodic.store.migrate import HEAD_REVISION, SchemaMigration, check_revision
+from episodic.store.migrate import HEAD_REVISION, SchemaMigration, check_revision, runs_on
 from episodic.store.planned_events import (
     PlannedEvent,
     plan_clear,
@@ -123,7 +123,7 @@ class _SchemaState:
     __slots__ = ("current",)
 
     def __init__(self, revision: str | None) -> None:
-        self.current = revision == HEAD_REVISION
+        self.current = runs_on(revision)
 
 
 class EpisodicStore:

@@ -21,7 +21,7 @@ from episodic.compaction import (
     prepare_compaction,
 )
 from episodic.context import Context, boundary_messages, compose_context, tail_messages
-from episodic.errors import ConflictError, LeaseLostError, NotFoundError
+from episodic.errors import ConflictError, LeaseLostError, NotFoundError, StorageFullError
 from episodic.models import UnpinEvent
 from episodic.policy import resting_cut
 from episodic.rendering import context_token_estimate
@@ -66,6 +66,9 @@ class JobResult:
     error: str | None = None
     seconds: float = 0.0
     retry_in: float | None = None
+    #: it failed because the database server is out of disk space (the worker then pauses
+    #: its claims: see CompactionWorker)
+    storage_full: bool = False
 
 
 class EmptySummaryError(Exception):
@@ -201,7 +204,7 @@ async def compact_claimed(
                 lease_token=claim.lease_token,
                 prompt_version=PROMPT_VERSION,
                 tokens_before=tokens_before,
-                handoff_state=finalized.state.model_dump(mode="json"),
+                handoff_state=finalized.state.stored(),
             ),
             attempt=record,
         )
@@ -223,6 +226,15 @@ async def compact_claimed(
     except ConflictError as exc:
         # Someone else wrote a boundary since we loaded: try again at once from the new one.
         return await _end(store, claim, replace(record, error=str(exc)), "conflict", AttemptEnd())
+    except StorageFullError as exc:
+        # The database server is out of disk space: its trouble, not this conversation's, and
+        # over once someone frees space. Expected (no traceback), and never final, whatever
+        # the attempt: retried after the backoff, so a long outage cannot make it dead.
+        # (Recording the attempt needs space too: when that fails as well, the error leaves
+        # here, and the lease's expiry is the backoff.)
+        error = f"{type(exc).__name__}: {exc}"
+        failed = await _fail(store, claim, record, error, final=False, options=options, exc=exc)
+        return replace(failed, storage_full=True)
     except Exception as exc:  # a database failure or a bug: recorded, retried with backoff
         # Unexpected, so with its traceback; the outcome line follows from the worker.
         logger.exception(
@@ -243,7 +255,7 @@ def _previous_state(source: Context) -> tuple[HandoffState | None, int]:
     boundary = source.boundary
     if boundary is None or boundary.handoff_state is None or boundary.handoff_items is not None:
         return None, 0
-    state = HandoffState.model_validate(boundary.handoff_state)
+    state = HandoffState.from_stored(boundary.handoff_state)
     return state, len(boundary_messages(boundary))
 
 

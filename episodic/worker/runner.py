@@ -15,13 +15,16 @@ import logging
 import os
 import signal
 import socket
+import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from uuid import uuid4
 
+from episodic.errors import StorageFullError
 from episodic.store import EpisodicStore
 from episodic.store.attempts import AttemptEnd, AttemptRecord, Claim
 from episodic.summarizers import Summarizer
+from episodic.worker.backoff import backoff_delay
 from episodic.worker.job import CompactionOptions, JobResult, compact_claimed
 from episodic.worker.metrics import WorkerMetrics
 
@@ -34,6 +37,13 @@ class CompactionWorker:
     ``lease_seconds`` must outlast a summarizer call (it defaults to twice the timeout plus a
     margin): a lease that expires mid-call lets another worker take over, and this one's
     write is then refused.
+
+    A database server out of disk space (:class:`StorageFullError`) is transient: the
+    attempt fails with its backoff (or, when not even the attempt can be recorded, its lease
+    expires), the conversation never becomes dead for it, and the worker claims nothing
+    for a backoff of its own (``backoff_base`` doubling up to ``backoff_max``, for each such
+    failure in a row), so that a full disk does not cost a summarizer call for every due
+    conversation in turn.
     """
 
     def __init__(
@@ -65,6 +75,9 @@ class CompactionWorker:
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._in_flight: dict[asyncio.Task[JobResult], Claim] = {}
+        #: failures for a full disk in a row, and until when (time.monotonic) not to claim
+        self._full_disk_failures = 0
+        self._paused_until = 0.0
 
     # ---- control -------------------------------------------------------------------------
 
@@ -107,6 +120,11 @@ class CompactionWorker:
         )
         try:
             while not self._stopping.is_set():
+                paused = self._paused_until - time.monotonic()
+                if paused > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), timeout=paused)
+                    continue
                 free = self.concurrency - len(self._in_flight)
                 claims = await self._claim(free) if free > 0 else []
                 for claim in claims:
@@ -130,6 +148,10 @@ class CompactionWorker:
             claims = await self.store.claim_due(
                 self.worker_id, limit=limit, lease_seconds=self.lease_seconds
             )
+        except StorageFullError as exc:
+            logger.warning("claiming failed: %s", exc)
+            self._note_full_disk(True)
+            return []
         except Exception:
             logger.exception("claiming failed; retrying after the poll interval")
             return []
@@ -142,6 +164,11 @@ class CompactionWorker:
             result = await compact_claimed(
                 self.store, self.summarizer, claim, worker=self.worker_id, options=self.options
             )
+        except StorageFullError as exc:
+            # Recording the attempt needs disk space too: the lease expires and a worker tries
+            # again. Expected, so no traceback: the outcome line says it all.
+            error = f"{type(exc).__name__}: {exc} (the attempt could not be recorded)"
+            result = JobResult("failed", error=error, storage_full=True)
         except Exception as exc:
             # The attempt could not even be recorded (the database went away while it ended):
             # the lease expires and a worker tries again; nothing was written half-way.
@@ -150,7 +177,27 @@ class CompactionWorker:
         log_result(claim, result)
         if self.metrics is not None:
             self.metrics.observe(result)
+        self._note_full_disk(result.storage_full)
         return result
+
+    def _note_full_disk(self, storage_full: bool) -> None:
+        """After a full disk, claim nothing for a backoff that grows with each such failure
+        in a row; anything else ends the streak."""
+        if not storage_full:
+            self._full_disk_failures = 0
+            return
+        self._full_disk_failures += 1
+        pause = backoff_delay(
+            self._full_disk_failures,
+            base=self.options.backoff_base,
+            maximum=self.options.backoff_max,
+        )
+        self._paused_until = max(self._paused_until, time.monotonic() + pause)
+        logger.warning(
+            "the database server is out of disk space: worker %s claims nothing for %.1f s",
+            self.worker_id,
+            pause,
+        )
 
     def _finished(self, task: asyncio.Task[JobResult]) -> None:
         self._in_flight.pop(task, None)

@@ -82,9 +82,19 @@ async def test_a_terminated_backend_is_replaced(pool: Pool, postgres_url: str) -
         await admin.execute("SELECT pg_terminate_backend($1)", pid)
     finally:
         await admin.close()
-    await asyncio.sleep(0.1)
-    with pytest.raises((asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError)):
-        await pool.fetchval(PID)
+    await asyncio.sleep(0.2)
+    # Closed while idle (the server's goodbye was read): not handed out, so no call fails.
+    assert await pool.fetchval(PID) != pid
+
+
+async def test_a_connection_that_finds_a_read_only_server_is_dropped(pool: Pool) -> None:
+    """A standby now (a failover demoted its server): the next connection is a new one,
+    which a multi-host URL opens on the writable host."""
+    async with pool.acquire() as connection:
+        pid = await connection.fetchval(PID)
+        await connection.execute("SET default_transaction_read_only = on")
+    with pytest.raises(asyncpg.ReadOnlySQLTransactionError):
+        await pool.fetchval("CREATE TABLE episodic_read_only_probe (x int)")
     assert await pool.fetchval(PID) != pid
 
 

@@ -112,6 +112,10 @@ export class LockTimeoutError extends TransientDatabaseError {
 export class DatabaseUnavailableError extends TransientDatabaseError {
   override name = "DatabaseUnavailableError";
 }
+/** The database server is out of disk space: nothing was written; retry once space is freed. */
+export class StorageFullError extends TransientDatabaseError {
+  override name = "StorageFullError";
+}
 /** The server shed the request (503 with Retry-After) before it reached the store. */
 export class OverloadedError extends EpisodicError {
   override name = "OverloadedError";
@@ -175,6 +179,7 @@ export const ERROR_CLASSES: Readonly<Record<string, ErrorClass>> = Object.freeze
   TransientDatabaseError,
   LockTimeoutError,
   DatabaseUnavailableError,
+  StorageFullError,
   OverloadedError,
   ConfigurationError,
   CompactionUnavailableError,

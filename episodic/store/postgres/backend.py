@@ -54,7 +54,7 @@ from episodic.store.codec import (
     decode_tail,
 )
 from episodic.store.db_errors import connection_refused, translated, translated_errors
-from episodic.store.engine import DatabaseUrl
+from episodic.store.engine import DatabaseUrl, dsn_hosts
 from episodic.store.erasure import Erasure, erasure_from_row
 from episodic.store.export_format import ConversationHeader, EventRow, HeadImage, SharedStateRow
 from episodic.store.migrate import SchemaMigration, upgrade_to_head
@@ -135,15 +135,30 @@ async def _init_connection(connection: asyncpg.Connection) -> None:
 
 
 def connector(url: str, timeout: float) -> Callable[..., Awaitable[asyncpg.Connection]]:
-    """``asyncpg.connect`` for the pools and the listener (the key store's lookups too), with
-    a refused connection raised
-    as the :class:`~episodic.errors.DatabaseUnavailableError` that says what to fix, however
-    deep in a pool it was opened."""
+    """``asyncpg.connect(dsn, ...)`` for the pools and the listener (the key store's lookups
+    too), with a refused connection raised as the
+    :class:`~episodic.errors.DatabaseUnavailableError` that says what to fix, however deep in
+    a pool it was opened.
 
-    async def connect(*args: Any, **kwargs: Any) -> asyncpg.Connection:
+    A DSN naming several hosts is tried host by host, each given ``timeout`` (libpq's
+    ``connect_timeout`` semantics): asyncpg's own timeout spans every host, so a primary that
+    stopped answering without refusing (a frozen machine, a dropped route) would use it all
+    up and the standby after it would never be tried."""
+
+    async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
         kwargs.setdefault("timeout", timeout)
         try:
-            return await asyncpg.connect(*args, **kwargs)
+            hosts = dsn_hosts(dsn)
+            if not hosts:
+                return await asyncpg.connect(dsn, **kwargs)
+            failure: Exception | None = None
+            for host, port in hosts:
+                try:
+                    return await asyncpg.connect(dsn, host=host, port=port, **kwargs)
+                except (OSError, TimeoutError, asyncpg.TargetServerAttributeNotMatched) as exc:
+                    failure = exc  # down, silent or not writable: the next host
+            assert failure is not None
+            raise failure
         except Exception as exc:
             refused = connection_refused(exc, url)
             if refused is None:

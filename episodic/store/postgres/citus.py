@@ -88,7 +88,10 @@ SELECT nodename, nodeport FROM pg_dist_node
 
 def on_node(dsn: str, host: str, port: int) -> str:
     """``dsn`` (user, password, database, options) pointed at another node of the cluster."""
-    return make_url(dsn).set(host=host, port=port).render_as_string(hide_password=False)
+    # A coordinator named by several hosts (a primary and its standbys) has them in the
+    # query, where they would outrank the node's own.
+    node = make_url(dsn).difference_update_query(["host", "target_session_attrs"])
+    return node.set(host=host, port=port).render_as_string(hide_password=False)
 
 
 def citus_installed(connection: Connection) -> bool:

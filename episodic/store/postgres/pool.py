@@ -65,8 +65,13 @@ class Pool:
     async def _take(self) -> asyncpg.Connection:
         if self._closed:
             raise PoolClosedError("the connection pool is closed")
-        if self._idle:
-            return self._idle.pop()  # the most recently used: its caches are warm
+        while self._idle:
+            connection = self._idle.pop()  # the most recently used: its caches are warm
+            if not connection.is_closed():
+                return connection
+            # The server closed it while it was idle (a restart, a failover, a terminated
+            # backend): a call on it could only fail, so its slot opens a new one.
+            self._discard(connection)
         if self._size < self._max_size:
             return await self._open_one()
         waiter: asyncio.Future[asyncpg.Connection | None] = (
@@ -201,6 +206,8 @@ def _clean(connection: asyncpg.Connection, error: BaseException | None) -> bool:
     leave a cancellation in flight or a reply half read)."""
     if connection.is_closed() or connection.is_in_transaction():
         return False
+    if isinstance(error, asyncpg.ReadOnlySQLTransactionError):
+        return False  # a standby now: the next connection finds the writable host
     return error is None or isinstance(error, asyncpg.PostgresError)
 
 
