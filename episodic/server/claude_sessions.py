@@ -24,6 +24,7 @@ from episodic import errors
 from episodic.server.auth import JsonBody, KeyOf, require_operator
 from episodic.server.fields import NO_NUL, DocumentValue
 from episodic.server.keys import ApiKey
+from episodic.server.problems import Problem
 from episodic.store import EpisodicStore
 from episodic.store.checks import MAX_LISTING_LENGTH
 
@@ -141,7 +142,17 @@ def claude_session_routes(root: EpisodicStore, key_of: KeyOf) -> APIRouter:
             ) from exc
         return EpisodicSessionStore(root.for_tenant(key.tenant_id))
 
-    @router.post("/entries", status_code=204, dependencies=[JsonBody])
+    @router.post(
+        "/entries",
+        status_code=204,
+        dependencies=[JsonBody],
+        responses={
+            412: {
+                "model": Problem,
+                "description": "at_seq is not the session's seq: another append won; fold again",
+            }
+        },
+    )
     async def claude_append_entries(key: Key, body: EntriesAppend) -> None:
         """Append a transcript's entries (``SessionStore.append``)."""
         entries: list[Any] = [entry.line() for entry in body.entries]
