@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import os
 import struct
 from collections import Counter
@@ -89,6 +90,21 @@ def url_through(url: str, port: int) -> str:
 def asyncpg_dsn(url: str) -> str:
     """``postgresql+asyncpg://...`` as a DSN asyncpg accepts."""
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class LoggedExceptions(logging.Handler):
+    """The messages logged at ``level`` or above, and the exceptions logged with them: what
+    a worker or a listener met (they log and go on instead of raising)."""
+
+    def __init__(self, level: int = logging.ERROR) -> None:
+        super().__init__(level)
+        self.exceptions: list[BaseException] = []
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+        if record.exc_info and record.exc_info[1] is not None:
+            self.exceptions.append(record.exc_info[1])
 
 
 class TerminalSummary:

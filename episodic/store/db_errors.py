@@ -77,17 +77,28 @@ _UNREACHABLE = (
 )
 
 
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then what it wraps: SQLAlchemy's ``orig``, else its cause or context (leaving
+    a transaction on a dead connection raises a second error while the first, with its
+    SQLSTATE, is being handled)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        orig = getattr(current, "orig", None)
+        current = (
+            orig if isinstance(orig, BaseException) else current.__cause__ or current.__context__
+        )
+
+
 def _sqlstate(exc: BaseException) -> str | None:
-    state = getattr(exc, "sqlstate", None)
-    if isinstance(state, str):
-        return state
-    orig = getattr(exc, "orig", None)
-    if orig is not None and orig is not exc:
-        return _sqlstate(orig)
-    # __context__ too: leaving a transaction on a dead connection raises a second error
-    # while the first (with its SQLSTATE) is being handled.
-    linked = exc.__cause__ or exc.__context__
-    return _sqlstate(linked) if linked is not None and linked is not exc else None
+    """The SQLSTATE of the outermost error in ``exc``'s chain that has one."""
+    for link in _chain(exc):
+        state = getattr(link, "sqlstate", None)
+        if isinstance(state, str):
+            return state
+    return None
 
 
 #: asyncpg's words for a connection that died under it (no SQLSTATE): a terminated backend's
@@ -105,22 +116,17 @@ def _one_line(exc: BaseException) -> str:
 def _server_said(exc: BaseException) -> str:
     """What the server said, on one line, without the statement SQLAlchemy adds: the message
     of the driver's own error (the innermost one in ``exc``'s chain with a SQLSTATE)."""
-    seen: set[int] = set()
-    found: BaseException = exc
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(getattr(current, "sqlstate", None), str):
-            found = current
-        orig = getattr(current, "orig", None)
-        current = (
-            orig if isinstance(orig, BaseException) else current.__cause__ or current.__context__
-        )
+    found = exc
+    for link in _chain(exc):
+        if isinstance(getattr(link, "sqlstate", None), str):
+            found = link
     message = getattr(found, "message", None)  # asyncpg's: without the HINT line
     return " ".join(message.split()) if isinstance(message, str) and message else _one_line(found)
 
 
-def connection_refused(exc: BaseException, url: str) -> DatabaseUnavailableError | None:
+def connection_refused(
+    exc: BaseException, url: str, *, several_hosts: bool = False
+) -> DatabaseUnavailableError | None:
     """``exc``, raised while opening a connection to ``url`` (masked), as the error that says
     what to do about it; None when it is not a refusal of the connection (the caller then
     translates it as any other error). Only for connection attempts: a 42501 or an OSError
@@ -133,8 +139,7 @@ def connection_refused(exc: BaseException, url: str) -> DatabaseUnavailableError
         return DatabaseUnavailableError(
             f"cannot connect to {url}: {_one_line(exc)}; {advice}", url=url
         )
-    several = "," in url.partition("://")[2].partition("/")[0]
-    if type(exc).__name__ == _NO_HOST_MATCHES or (several and isinstance(exc, OSError)):
+    if type(exc).__name__ == _NO_HOST_MATCHES or (several_hosts and isinstance(exc, OSError)):
         # (The error is the last host's; an earlier one may have been down or a standby.)
         what = "no answer in time" if isinstance(exc, TimeoutError) else _one_line(exc)
         return DatabaseUnavailableError(

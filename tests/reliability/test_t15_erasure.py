@@ -81,7 +81,7 @@ from tests.reliability.rls import (
     settings,
 )
 from tests.reliability.sizes import seeded, seeds, size
-from tests.support import FILE_LISTING, counters_of
+from tests.support import FILE_LISTING, LoggedExceptions, counters_of
 
 TENANTS = ("acme", "globex")
 LEDGER = "episodic_erasures"
@@ -479,20 +479,6 @@ class Run:
     erased_twice: int = 0
 
 
-class _Errors(logging.Handler):
-    """The exceptions the worker logged (it records failed attempts instead of raising)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.exceptions: list[BaseException] = []
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-        if record.exc_info and record.exc_info[1] is not None:
-            self.exceptions.append(record.exc_info[1])
-
-
 async def _writer(
     index: int,
     scoped: dict[str, EpisodicStore],
@@ -568,7 +554,7 @@ async def test_t15_erasure_racing_writers_and_the_worker(rls: RlsDatabase, seed:
     app = await _open(rls, APP, pool_max_size=WRITERS + 2)
     worker_store = await _open(rls, WORKER)
     eraser = await _open(rls, ERASER)
-    errors = _Errors()
+    errors = LoggedExceptions()
     logging.getLogger("episodic").addHandler(errors)
     try:
         app.trigger = EpisodicCompactionConfig(trigger_unfinished_turns=2)

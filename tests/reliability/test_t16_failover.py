@@ -49,12 +49,12 @@ from episodic import (
     StoredEvent,
     TransientDatabaseError,
 )
-from episodic.compaction import CompactionRequest
 from episodic.policy import EpisodicCompactionConfig
 from episodic.settings import EpisodicSettings
-from episodic.summarizers import SummaryResult
 from episodic.worker import CompactionOptions, CompactionWorker
 from tests.reliability.sizes import size
+from tests.reliability.strategies import FakeSummarizer
+from tests.support import LoggedExceptions
 from tests.support_cluster import Cluster, replicated_pair
 
 WRITERS = 8
@@ -77,25 +77,6 @@ RETRY_FOR = 30.0
 ANSWER = " ".join(
     f"line {n} of the answer, with the detail the next turn needs." for n in range(12)
 )
-
-
-class QuickSummarizer:
-    name = "quick"
-
-    async def summarize(self, request: CompactionRequest) -> SummaryResult:
-        return SummaryResult(text=f"summary of {request.source_messages} messages")
-
-
-class _Logged(logging.Handler):
-    """The exceptions the worker and the listener logged (they log instead of raising)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.exceptions: list[BaseException] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.exc_info and record.exc_info[1] is not None:
-            self.exceptions.append(record.exc_info[1])
 
 
 @dataclass
@@ -201,7 +182,7 @@ async def _failover(primary: Cluster, standby: Cluster, *, synchronous: bool) ->
     )
     store = await EpisodicStore.open(url, settings=settings)
     worker_store = await EpisodicStore.open(url, settings=settings)
-    logged = _Logged()
+    logged = LoggedExceptions(logging.WARNING)
     logging.getLogger("episodic").addHandler(logged)
     try:
         await store.migrate()
@@ -209,7 +190,7 @@ async def _failover(primary: Cluster, standby: Cluster, *, synchronous: bool) ->
         convs = [await store.create_conversation() for _ in range(CONVERSATIONS)]
         worker = CompactionWorker(
             worker_store,
-            QuickSummarizer(),
+            FakeSummarizer(),
             concurrency=2,
             options=CompactionOptions(backoff_base=0.2, backoff_max=1.0),
             lease_seconds=5,

@@ -81,7 +81,6 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from episodic import EpisodicStore, Message, StorageFullError
-from episodic.compaction import CompactionRequest
 from episodic.models import BoundaryEvent, MessageEvent
 from episodic.policy import EpisodicCompactionConfig
 from episodic.server import create_app
@@ -90,11 +89,11 @@ from episodic.server.keys import KeyStore
 from episodic.settings import EpisodicSettings
 from episodic.store.attempts import AttemptEnd, AttemptRecord, Claim
 from episodic.store.projection import rebuild_head
-from episodic.summarizers import SummaryResult
 from episodic.worker import CompactionOptions, CompactionWorker
 from episodic.worker.backoff import JITTER
 from tests.acceptance.test_cli import clean_env, run_cli_async
 from tests.reliability.sizes import size
+from tests.reliability.strategies import FakeSummarizer
 from tests.support import FILE_LISTING, REQUIRE_EXTRAS, asyncpg_dsn, counters_of, snapshot
 from tests.support_cluster import Cluster, private_cluster
 
@@ -203,19 +202,6 @@ def _noise(n: int, seed: int) -> str:
     """Text that compresses badly, so PostgreSQL stores it out of line (TOAST)."""
     rng = random.Random(seed)
     return "".join(rng.choices(string.ascii_letters + string.digits, k=n))
-
-
-class Summarizer:
-    """Always answers, at once."""
-
-    name = "t18"
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    async def summarize(self, request: CompactionRequest) -> SummaryResult:
-        self.calls += 1
-        return SummaryResult(text=f"the user listed files; {request.source_messages} messages")
 
 
 @dataclass
@@ -551,7 +537,7 @@ async def _check_logs(store: EpisodicStore, busy: UUID, due: list[UUID], log: Ap
         assert ledger[-1].outcome == "succeeded", ledger
 
 
-def _worker(store: EpisodicStore, summarizer: Summarizer) -> CompactionWorker:
+def _worker(store: EpisodicStore, summarizer: FakeSummarizer) -> CompactionWorker:
     return CompactionWorker(
         store,
         summarizer,
@@ -600,7 +586,7 @@ async def _setup(store: EpisodicStore, keys: KeyStore) -> tuple[UUID, list[UUID]
     busy = await store.create_conversation(tenant_id=TENANT)
     warm = await store.create_conversation(tenant_id=TENANT)
     await _make_due(store, warm, "warm")
-    (result,) = await _worker(store, Summarizer()).run_once()
+    (result,) = await _worker(store, FakeSummarizer()).run_once()
     assert result.outcome == "succeeded", result
     due = [await store.create_conversation(tenant_id=TENANT) for _ in range(DUE)]
     for n, conv in enumerate(due):
@@ -648,7 +634,7 @@ async def test_t18_a_full_disk_refuses_writes_with_one_typed_error_and_everythin
         # ---- the worker against the full volume; then the ballast goes ---------------------
         watch = WorkerWatch()
         watch.install(monkeypatch)
-        summarizer = Summarizer()
+        summarizer = FakeSummarizer()
         with caplog.at_level(logging.INFO, logger="episodic.worker"):
             async with _running(_worker(store, summarizer)) as running:
                 worked = time.monotonic()

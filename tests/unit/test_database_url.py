@@ -54,7 +54,9 @@ def test_a_port_that_is_not_a_number_is_a_configuration_error() -> None:
 
 def test_a_refusal_through_several_hosts_says_a_failover_may_be_under_way() -> None:
     masked = parse_database_url(LIBPQ).masked
-    refused = connection_refused(ConnectionRefusedError(111, "Connect call failed"), masked)
+    refused = connection_refused(
+        ConnectionRefusedError(111, "Connect call failed"), masked, several_hosts=True
+    )
     assert refused is not None
     assert "until a standby is promoted" in str(refused)
     single = connection_refused(ConnectionRefusedError(111, "refused"), "postgresql://db1/app")

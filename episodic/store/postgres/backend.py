@@ -147,8 +147,8 @@ def connector(url: str, timeout: float) -> Callable[..., Awaitable[asyncpg.Conne
 
     async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
         kwargs.setdefault("timeout", timeout)
+        hosts = dsn_hosts(dsn)
         try:
-            hosts = dsn_hosts(dsn)
             if not hosts:
                 return await asyncpg.connect(dsn, **kwargs)
             failure: Exception | None = None
@@ -160,7 +160,7 @@ def connector(url: str, timeout: float) -> Callable[..., Awaitable[asyncpg.Conne
             assert failure is not None
             raise failure
         except Exception as exc:
-            refused = connection_refused(exc, url)
+            refused = connection_refused(exc, url, several_hosts=bool(hosts))
             if refused is None:
                 raise
             raise refused from exc
