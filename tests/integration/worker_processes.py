@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -29,6 +29,7 @@ from tests.support_openai import FakeOpenAIServer, Reply
 
 __all__ = [
     "EPISODIC",
+    "EpisodicProcess",
     "TimedOpenAIServer",
     "WorkerProcess",
     "WorkerProcesses",
@@ -36,6 +37,7 @@ __all__ = [
     "boundaries_of",
     "create_due_conversation",
     "message_rows",
+    "start_episodic",
     "wait_until",
     "worker_environment",
 ]
@@ -80,14 +82,13 @@ async def wait_until(
         await asyncio.sleep(interval)
 
 
-class WorkerProcess:
-    """One ``episodic worker`` process and its log file."""
+class EpisodicProcess:
+    """An ``episodic`` subcommand running as a process of its own, and its log file."""
 
     def __init__(self, name: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
         self.name = name
         self.process = process
         self.log_path = log_path
-        self.worker_id: str | None = None
 
     @property
     def pid(self) -> int:
@@ -110,6 +111,66 @@ class WorkerProcess:
     def send(self, sig: signal.Signals) -> None:
         self.process.send_signal(sig)
 
+    async def wait_exit(self, within: float) -> int:
+        await wait_until(
+            lambda: not self.alive(),
+            within=within,
+            what=f"{self.name} to exit",
+            describe=self.log_tail,
+        )
+        code = self.process.returncode
+        assert code is not None
+        return code
+
+    def stop(self, within: float) -> int | None:
+        """SIGTERM, then the exit code (None: still running after ``within`` seconds, then
+        killed)."""
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=within)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def kill(self) -> None:
+        """SIGKILL (works on a stopped process too) and reap."""
+        if self.process.poll() is None:
+            self.process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+
+
+def start_episodic(
+    name: str,
+    arguments: Sequence[str],
+    *,
+    database_url: str,
+    settings: Mapping[str, object],
+    directory: Path,
+) -> subprocess.Popen[bytes]:
+    """``episodic ARGUMENTS`` with ``settings`` as its only ``EPISODIC_*`` variables (and the
+    database), in ``directory`` (no .env file there), logging to ``directory/NAME.log``: a
+    file, since a server logs a line per request, more than a pipe holds unread."""
+    with (directory / f"{name}.log").open("wb") as log:
+        return subprocess.Popen(
+            [str(EPISODIC), *arguments],
+            env=worker_environment(database_url, settings),
+            cwd=directory,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C to pytest does not reach it
+        )
+
+
+class WorkerProcess(EpisodicProcess):
+    """One ``episodic worker`` process and its log file."""
+
+    def __init__(self, name: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
+        super().__init__(name, process, log_path)
+        self.worker_id: str | None = None
+
     async def wait_started(self, within: float = 20.0) -> str:
         """Wait for the "worker ... started" line; return the worker id it names (the value
         of the attempts ledger's ``worker`` column)."""
@@ -127,24 +188,6 @@ class WorkerProcess:
         self.worker_id = match.group(1)
         return self.worker_id
 
-    async def wait_exit(self, within: float) -> int:
-        await wait_until(
-            lambda: not self.alive(),
-            within=within,
-            what=f"{self.name} to exit",
-            describe=self.log_tail,
-        )
-        code = self.process.returncode
-        assert code is not None
-        return code
-
-    def kill(self) -> None:
-        """SIGKILL (works on a stopped process too) and reap."""
-        if self.process.poll() is None:
-            self.process.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=10)
-
 
 class WorkerProcesses:
     """Starts worker processes for one database and kills all of them in :meth:`kill_all`."""
@@ -155,18 +198,14 @@ class WorkerProcesses:
         self.started: list[WorkerProcess] = []
 
     def start(self, name: str, **settings: object) -> WorkerProcess:
-        log_path = self.directory / f"{name}.log"
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [str(EPISODIC), "worker"],
-                env=worker_environment(self.database_url, settings),
-                cwd=self.directory,  # no .env file there
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # a Ctrl-C to pytest does not reach the workers
-            )
-        worker = WorkerProcess(name, process, log_path)
+        process = start_episodic(
+            name,
+            ["worker"],
+            database_url=self.database_url,
+            settings=settings,
+            directory=self.directory,
+        )
+        worker = WorkerProcess(name, process, self.directory / f"{name}.log")
         self.started.append(worker)
         return worker
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,11 +20,10 @@ from pathlib import Path
 
 import httpx
 
-from tests.integration.worker_processes import EPISODIC, worker_environment
+from tests.integration.worker_processes import EpisodicProcess, start_episodic
 from tests.support_openai import FakeOpenAIServer, Reply
 
 __all__ = [
-    "Child",
     "Footprint",
     "Growth",
     "Pace",
@@ -204,50 +201,6 @@ def pace(what: str, counts: Sequence[int], *, kept: float) -> Pace:
 # ---- the processes under test -----------------------------------------------------------------
 
 
-class Child:
-    """An ``episodic`` subcommand running as a process of its own, logging to a file."""
-
-    def __init__(self, name: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
-        self.name = name
-        self.process = process
-        self.log_path = log_path
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def log_tail(self, lines: int = 40) -> str:
-        return f"--- {self.name} (pid {self.pid}) log tail ---\n" + "\n".join(
-            self.log().splitlines()[-lines:]
-        )
-
-    def stop(self, within: float) -> int | None:
-        """SIGTERM, then the exit code (None: still running after ``within`` seconds, then
-        killed)."""
-        if self.alive():
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=within)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return None
-
-    def kill(self) -> None:
-        if self.alive():
-            self.process.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=10)
-
-
 def start_child(
     name: str,
     arguments: Sequence[str],
@@ -255,25 +208,16 @@ def start_child(
     database_url: str,
     settings: Mapping[str, object],
     directory: Path,
-) -> Child:
-    """``episodic ARGUMENTS`` with ``settings`` as its only ``EPISODIC_*`` variables (and the
-    database), in ``directory`` (no .env there), logging to ``directory/NAME.log``: a file,
-    since the server logs a line per request, more than a pipe holds unread."""
-    log_path = directory / f"{name}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [str(EPISODIC), *arguments],
-            env=worker_environment(database_url, settings),
-            cwd=directory,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # a Ctrl-C to pytest does not reach it
-        )
-    return Child(name, process, log_path)
+) -> EpisodicProcess:
+    """``episodic ARGUMENTS`` as a process of its own (``start_episodic``), logging to
+    ``directory/NAME.log``."""
+    process = start_episodic(
+        name, arguments, database_url=database_url, settings=settings, directory=directory
+    )
+    return EpisodicProcess(name, process, directory / f"{name}.log")
 
 
-def wait_healthy(child: Child, base_url: str, within: float = 30.0) -> None:
+def wait_healthy(child: EpisodicProcess, base_url: str, within: float = 30.0) -> None:
     """Wait for ``GET /healthz`` to answer 200."""
     deadline = time.monotonic() + within
     while True:

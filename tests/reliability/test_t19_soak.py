@@ -86,10 +86,9 @@ from sqlalchemy.engine import make_url
 from episodic import errors
 from episodic.server.keys import KeyStore
 from episodic.server.problems import PROBLEM_MEDIA_TYPE, STATUS_OF, TYPE_PREFIX
-from tests.integration.worker_processes import STARTED, wait_until
+from tests.integration.worker_processes import STARTED, EpisodicProcess, wait_until
 from tests.reliability.sizes import seeded, size
 from tests.reliability.soak_support import (
-    Child,
     Footprint,
     Growth,
     Pace,
@@ -448,10 +447,10 @@ class Soak:
 
 
 @pytest.fixture
-def children() -> Iterator[list[Child]]:
+def children() -> Iterator[list[EpisodicProcess]]:
     """The processes started; killed afterwards whatever happened (before the database is
     dropped)."""
-    started: list[Child] = []
+    started: list[EpisodicProcess] = []
     try:
         yield started
     finally:
@@ -460,7 +459,7 @@ def children() -> Iterator[list[Child]]:
 
 
 async def test_t19_soak_is_flat_and_loses_nothing(
-    postgres_url: str, tmp_path: Path, children: list[Child]
+    postgres_url: str, tmp_path: Path, children: list[EpisodicProcess]
 ) -> None:
     began = time.monotonic()
     keys = KeyStore.open(postgres_url)
@@ -576,8 +575,8 @@ async def test_t19_soak_is_flat_and_loses_nothing(
 class Probe:
     """What a sample reads: the two processes, the database, the running counts."""
 
-    server: Child
-    worker: Child
+    server: EpisodicProcess
+    worker: EpisodicProcess
     db: asyncpg.Connection
     database_url: str
     soak: Soak
